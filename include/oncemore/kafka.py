@@ -57,14 +57,16 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
 def topic_partitions(admin: AdminClient, pipeline: Pipeline) -> list[int]:
     topic = pipeline.source.topic
     try:
-        metadata = admin.list_topics(topic, timeout=REQUEST_TIMEOUT_SECONDS)
+        # All topics, not a named one: a named Metadata request may auto-create the topic
+        # (brokers with auto.create.topics.enable; librdkafka's admin handle allows it).
+        metadata = admin.list_topics(timeout=REQUEST_TIMEOUT_SECONDS)
     except KafkaException as exc:
         raise KafkaSourceError(
             f"pipeline {pipeline.name}: cannot reach Kafka at {pipeline.source.bootstrap_servers}: {exc}"
         ) from exc
     topic_md = metadata.topics.get(topic)
     if topic_md is None or topic_md.error is not None or not topic_md.partitions:
-        cause = topic_md.error.str() if topic_md is not None and topic_md.error else "no partitions"
+        cause = "it does not exist" if topic_md is None else (topic_md.error.str() if topic_md.error else "no partitions")
         raise KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: {cause}")
     return sorted(topic_md.partitions)
 

@@ -1,6 +1,6 @@
 """One run end to end: plan -> no-op, or per batch a Spark job that writes files -> commits.
 
-An empty plan returns before Spark is imported: a rerun of finished work costs one snapshot
+An empty plan returns before pyspark is even imported: a rerun of finished work costs one snapshot
 load and a few ListOffsets requests.
 """
 
@@ -31,8 +31,6 @@ from .sink import (
     MANIFEST_DDL, CommitConflict, CommitOutcome, DataFile, TableWriter, commit_batch, delete_files, ensure_table,
     manifest_batch, validate_files,
 )
-from .source import NAME as SOURCE_NAME
-from .source import offsets_option
 
 log = logging.getLogger("oncemore")
 
@@ -179,6 +177,9 @@ def _commit(table_uri, pipeline, files, expected, new_positions, record) -> Comm
 
 def write_batch_files(spark, pipeline: Pipeline, batch: Batch, floors: dict[int, int]) -> list[DataFile]:
     """Runs the Spark job of one batch: read ranges, decode, write Parquet; returns the manifest."""
+    from .source import NAME as SOURCE_NAME  # imports pyspark: only once there is work to do
+    from .source import offsets_option
+
     topic = pipeline.source.topic
     reader = (
         spark.read.format(SOURCE_NAME)

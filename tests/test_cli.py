@@ -1,0 +1,85 @@
+"""The CLI as a user runs it: subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_exactly_once, orders, read_pairs
+
+INCLUDE = str(Path(__file__).resolve().parents[1] / "include")
+
+
+def oncemore(*args: str, env: dict | None = None, check_no_spark: bool = False) -> subprocess.CompletedProcess:
+    code = "import sys; from oncemore.cli import main; rc = main(sys.argv[1:]); "
+    if check_no_spark:
+        code += "assert 'pyspark' not in sys.modules, 'Spark was imported'; "
+    code += "sys.exit(rc)"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": INCLUDE, "ONCEMORE_SPARK_MASTER": "local[2]", **(env or {})})
+
+
+@pytest.mark.spark
+def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_pipeline):
+    produced = broker.produce(topic, orders(0, 900))
+    pipeline = make_pipeline(topic)
+    env = {"ONCEMORE_PIPELINES_DIR": str(Path(pipeline.origin).parent)}
+
+    planned = oncemore("plan", "orders", "--json", env=env, check_no_spark=True)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert sum(r["end"] - r["start"] for b in plan["batches"] for r in b["ranges"]) >= 900
+
+    first = oncemore("run", "orders", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "committed 1 batch(es), 900 records written, 0 quarantined" in first.stdout
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+    again = oncemore("run", "orders", env=env, check_no_spark=True)
+    assert again.returncode == 0, again.stderr
+    assert "no-op (nothing new to ingest)" in again.stdout
+
+    status = oncemore("status", "--config", pipeline.origin, "--json", check_no_spark=True)
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["partitions"]
+    assert [r["lag"] for r in rows] == [0, 0, 0]
+    assert all(r["position"] == r["log_end"] and r["last_commit"] for r in rows)
+
+
+def test_plan_prints_ranges(broker, topic, make_pipeline):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    result = oncemore("plan", "--config", pipeline.origin, "--until", '{"0": 5}')
+    assert result.returncode == 0, result.stderr
+    assert f"{topic}/0: [0, 5)" in result.stdout and f"{topic}/1" not in result.stdout
+
+
+def test_bad_config_exits_2_naming_file_and_key(tmp_path):
+    path = tmp_path / "orders.yaml"
+    path.write_text("name: orders\nsource: {bootstrap_servers: x, topic: t, surprise: 1}\n")
+    result = oncemore("plan", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"oncemore: error: {path}: source.surprise: unknown key (allowed: bootstrap_servers, kafka_options, "
+        "stall_timeout_seconds, starting_offsets, topic)")
+
+
+def test_unknown_pipeline_and_bad_until(tmp_path, broker, topic, make_pipeline):
+    result = oncemore("plan", "nope", env={"ONCEMORE_PIPELINES_DIR": str(tmp_path)})
+    assert result.returncode == 2 and "no pipeline named 'nope'" in result.stderr
+    pipeline = make_pipeline(topic)
+    result = oncemore("plan", "--config", pipeline.origin, "--until", "tomorrow")
+    assert result.returncode == 2 and "--until must be latest" in result.stderr
+
+
+def test_missing_topic_is_a_one_line_error(make_pipeline):
+    pipeline = make_pipeline("no_such_topic")
+    result = oncemore("plan", "--config", pipeline.origin)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("oncemore: error: pipeline orders: topic 'no_such_topic' is not available")

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from oncemore.config import ConfigError, OffsetBound, load_all, load_pipeline, parse_timestamp_ms
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VALID = {
+    "name": "orders",
+    "source": {"bootstrap_servers": "${KAFKA_BOOTSTRAP}", "topic": "orders",
+               "kafka_options": {"security.protocol": "SASL_SSL", "sasl.password": "${KAFKA_PASSWORD}"}},
+    "sink": {"table_uri": "/data/delta/orders", "quarantine_uri": "/data/delta/orders_quarantine"},
+    "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
+    "limits": {"max_records_per_commit": 1000},
+    "fail_on_data_loss": True,
+}
+ENV = {"KAFKA_BOOTSTRAP": "kafka:9092", "KAFKA_PASSWORD": "hunter2"}
+
+
+def write(tmp_path: Path, doc, name: str = "orders") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def with_change(path: str, value):
+    doc = yaml.safe_load(yaml.safe_dump(VALID))
+    *parents, last = path.split(".")
+    target = doc
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return doc
+
+
+def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
+    pipeline = load_pipeline(write(tmp_path, VALID), ENV)
+    assert pipeline.source.bootstrap_servers == "kafka:9092"
+    assert pipeline.source.kafka_options["sasl.password"] == "hunter2"
+    assert pipeline.source.starting_offsets == OffsetBound("earliest")
+    assert pipeline.limits.max_records_per_commit == 1000
+    shown = str(pipeline.redacted())
+    assert "hunter2" not in shown and "***" in shown and "SASL_SSL" in shown
+
+
+@pytest.mark.parametrize(
+    "change, value, key, problem",
+    [
+        ("source.topic", KeyError, "source.topic", "is required"),
+        ("source.topik", "x", "source.topik", "unknown key"),
+        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "must be int"),
+        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "must be int"),
+        ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "at least 1"),
+        ("format.type", "avro", "format.type", "json or raw"),
+        ("format.schema", "id BIGINT, payload MAP<STRING,STRING>", "format.schema", "unsupported type"),
+        ("format.schema", "id BIGINT, _kafka_offset BIGINT", "format.schema", "reserved"),
+        ("source.starting_offsets", "yesterday", "source.starting_offsets", "ISO-8601"),
+        ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
+        ("sink.partition_by", ["nope"], "sink.partition_by", "not a column"),
+        ("sink.partition_by", ["amount"], "sink.partition_by", "has type double"),
+        ("fail_on_data_loss", "yes", "fail_on_data_loss", "must be bool"),
+        ("name", "Orders!", "name", "lowercase"),
+    ],
+)
+def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):
+    path = write(tmp_path, with_change(change, value))
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(path, ENV)
+    assert error.value.source == str(path)
+    assert error.value.key == key
+    assert problem in error.value.problem
+    assert str(path) in str(error.value) and key in str(error.value)
+
+
+def test_missing_env_var_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="environment variable KAFKA_PASSWORD is not set"):
+        load_pipeline(write(tmp_path, VALID), {"KAFKA_BOOTSTRAP": "k:9092"})
+
+
+def test_env_default_and_file_name_must_match(tmp_path):
+    doc = with_change("source.bootstrap_servers", "${NOT_SET:-127.0.0.1:9092}")
+    assert load_pipeline(write(tmp_path, doc), ENV).source.bootstrap_servers == "127.0.0.1:9092"
+    with pytest.raises(ConfigError, match="must match the file name"):
+        load_pipeline(write(tmp_path, doc, name="other"), ENV)
+
+
+def test_not_yaml_and_not_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline(write(tmp_path, "name: [unclosed"), ENV)
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_pipeline(write(tmp_path, "- a list"), ENV)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("earliest", OffsetBound("earliest")),
+        ("latest", OffsetBound("latest")),
+        ({"timestamp": "2026-01-05T11:00:00Z"}, OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-01-05T11:00:00Z"))),
+        ({"0": 42, "1": 7}, OffsetBound("offsets", offsets={0: 42, 1: 7})),
+        ('{"0": 42}', OffsetBound("offsets", offsets={0: 42})),
+    ],
+)
+def test_offset_bound_forms(value, expected):
+    assert OffsetBound.parse(value) == expected
+
+
+def test_timestamps_without_zone_are_utc():
+    assert parse_timestamp_ms("2026-01-05T11:00:00") == parse_timestamp_ms("2026-01-05T11:00:00+00:00") == 1767610800000
+
+
+def test_shipped_pipelines_all_load(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    loaded, broken = load_all(ROOT / "include" / "pipelines")
+    assert loaded and not broken
+
+
+def test_load_all_keeps_loading_past_a_broken_file(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    write(tmp_path, VALID)
+    bad = write(tmp_path, with_change("name", "broken") | {"sink": "nope"}, name="broken")
+    loaded, broken = load_all(tmp_path)
+    assert [p.name for p in loaded] == ["orders"]
+    assert list(broken) == [str(bad)] and "sink" in str(broken[str(bad)])

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from oncemore.decode import Decoder
+from oncemore.schema import KAFKA_RECORD_SCHEMA, QUARANTINE_SCHEMA, SchemaError, parse_schema
+
+
+def records(values: list[bytes | None]) -> pa.RecordBatch:
+    n = len(values)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([b"k"] * n, pa.binary()), pa.array(values, pa.binary()), pa.array(["t"] * n),
+         pa.array([2] * n, pa.int32()), pa.array(range(100, 100 + n), pa.int64()),
+         pa.array([1_700_000_000_000_000] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+         pa.array([0] * n, pa.int32())],
+        schema=KAFKA_RECORD_SCHEMA,
+    )
+
+
+def test_json_good_rows_keep_their_kafka_coordinates():
+    decoded = Decoder("json", "id BIGINT, name STRING, at TIMESTAMP").decode(
+        records([b'{"id": 1, "name": "a", "extra": true}', b'{"id": 2, "at": "2026-01-05T11:00:00Z"}']))
+    assert decoded.bad.num_rows == 0
+    assert decoded.good.column_names == ["id", "name", "at", "_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp"]
+    assert decoded.good.select(["id", "name", "_kafka_partition", "_kafka_offset"]).to_pylist() == [
+        {"id": 1, "name": "a", "_kafka_partition": 2, "_kafka_offset": 100},
+        {"id": 2, "name": None, "_kafka_partition": 2, "_kafka_offset": 101},
+    ]
+
+
+def test_every_kind_of_bad_record_is_quarantined_and_rows_stay_aligned():
+    values = [b'{"id": 1}', b"not json", None, b'{"id": "x"}', b'{\n  "id": 5\n}', b'{"id": 6} {"id": 7}',
+              b"", b"  ", b'{"name": "no id"}', b"[1]", b'{"id": 11}']
+    decoded = Decoder("json", "id BIGINT NOT NULL, name STRING").decode(records(values))
+    assert decoded.good.select(["id", "_kafka_offset"]).to_pylist() == [
+        {"id": 1, "_kafka_offset": 100}, {"id": 5, "_kafka_offset": 104}, {"id": 11, "_kafka_offset": 110}]
+    bad = {row["_kafka_offset"]: row for row in decoded.bad.to_pylist()}
+    assert sorted(bad) == [101, 102, 103, 105, 106, 107, 108, 109]
+    assert decoded.bad.schema == QUARANTINE_SCHEMA
+    assert bad[101]["value"] == b"not json" and bad[101]["key"] == b"k" and bad[101]["_kafka_partition"] == 2
+    assert "tombstone" in bad[102]["error"]
+    assert "2 JSON objects" in bad[105]["error"]
+    assert "empty" in bad[106]["error"] and "empty" in bad[107]["error"]
+    assert "NOT NULL" in bad[108]["error"]
+    assert decoded.good.num_rows + decoded.bad.num_rows == len(values)
+
+
+def test_all_bad_batch_gives_empty_good_table_with_the_schema():
+    decoded = Decoder("json", "id BIGINT").decode(records([b"x", b"y"]))
+    assert decoded.good.num_rows == 0 and decoded.good.column_names[0] == "id"
+    assert decoded.bad.num_rows == 2
+
+
+def test_raw_keeps_bytes_and_never_quarantines():
+    decoded = Decoder("raw").decode(records([b"\x00\xff", None]))
+    assert decoded.good.select(["key", "value"]).to_pylist() == [{"key": b"k", "value": b"\x00\xff"}, {"key": b"k", "value": None}]
+    assert decoded.bad.num_rows == 0
+
+
+def test_schema_ddl_types():
+    schema = parse_schema("a TINYINT, b INT NOT NULL, c DECIMAL(10, 2), d VARCHAR(20), `e f` DATE, g TIMESTAMP_NTZ")
+    assert [str(f.type) for f in schema] == ["int8", "int32", "decimal128(10, 2)", "string", "date32[day]", "timestamp[us]"]
+    assert not schema.field("b").nullable and schema.names[4] == "e f"
+    with pytest.raises(SchemaError, match="duplicate"):
+        parse_schema("a INT, a STRING")

@@ -1,0 +1,52 @@
+"""The range reader on its own (the code each Spark task runs), against the real broker."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from oncemore.kafka import admin_client, consumer_config, log_bounds
+from oncemore.source import KafkaReadError, KafkaRangeReader, offsets_option, read_range
+
+from conftest import orders
+
+
+def read(pipeline, partition, start, end, stall=20.0) -> pa.Table:
+    return pa.Table.from_batches(list(read_range(consumer_config(pipeline), pipeline.source.topic, partition, start, end,
+                                                 stall, pipeline.name)))
+
+
+def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_pipeline):
+    produced = []
+    for start in range(0, 600, 100):  # six transactions: a marker offset after each
+        produced += broker.produce(topic, [(0, None, v, None) for _, _, v, _ in orders(start, 100)])
+    pipeline = make_pipeline(topic)
+    offsets = [o for _, o in produced]
+    end = log_bounds(admin_client(pipeline), pipeline, [0])[0].latest
+    assert end == offsets[-1] + 2  # the last offset is the commit marker
+
+    whole = read(pipeline, 0, 0, end)
+    assert whole.column("offset").to_pylist() == offsets
+    middle = read(pipeline, 0, offsets[150], offsets[420])
+    assert middle.column("offset").to_pylist() == offsets[150:420]
+    # A range ending on a marker offset completes: the position moves past markers.
+    marker = offsets[99] + 1
+    assert read(pipeline, 0, 0, marker + 1).num_rows == 100
+    assert whole.column("partition").unique().to_pylist() == [0]
+    assert whole.column("topic").unique().to_pylist() == [topic]
+    assert whole.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+
+
+def test_missing_records_fail_after_the_stall_timeout_naming_partition_and_offset(broker, topic, make_pipeline):
+    broker.produce(topic, [(1, None, b"{}", None)] * 5)
+    pipeline = make_pipeline(topic)
+    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/1: no progress for 2s at offset 6 of range \[0, 50\)"):
+        read(pipeline, 1, 0, 50, stall=2.0)
+
+
+def test_reader_splits_ranges_into_sub_ranges():
+    reader = KafkaRangeReader({
+        "topic": "t", "startingOffsets": offsets_option("t", {0: 0, 1: 5}), "endingOffsets": offsets_option("t", {0: 250, 1: 6}),
+        "maxRecordsPerPartition": "100",
+    })
+    assert [(p.partition, p.start, p.end) for p in reader.partitions()] == [(0, 0, 100), (0, 100, 200), (0, 200, 250), (1, 5, 6)]
