@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +20,6 @@ from deltalake import DeltaTable
 from oncemore import runner
 from oncemore.kafka import admin_client, log_bounds
 from oncemore.ledger import METADATA_KEY, BatchRecord, Ledger, app_id
-from oncemore.planner import plan_run
 
 from conftest import assert_exactly_once, order, orders, read_pairs, query, tansu_bug
 

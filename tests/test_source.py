@@ -50,3 +50,21 @@ def test_reader_splits_ranges_into_sub_ranges():
         "maxRecordsPerPartition": "100",
     })
     assert [(p.partition, p.start, p.end) for p in reader.partitions()] == [(0, 0, 100), (0, 100, 200), (0, 200, 250), (1, 5, 6)]
+
+
+@pytest.mark.spark
+def test_spark_reads_a_range_as_records_with_the_kafka_source_columns(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 600))
+    pipeline = make_pipeline(topic)
+    by_partition = {p: sorted(o for q, o in produced if q == p) for p in (0, 1, 2)}
+    reader = (spark.read.format("oncemore_kafka").option("topic", topic)
+              .option("startingOffsets", offsets_option(topic, {0: by_partition[0][10], 2: 0}))
+              .option("endingOffsets", offsets_option(topic, {0: by_partition[0][20], 2: by_partition[2][-1] + 1}))
+              .option("maxRecordsPerPartition", "50"))
+    for key, value in consumer_config(pipeline).items():
+        reader = reader.option(f"kafka.{key}", value)
+    frame = reader.load()
+
+    assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    rows = sorted((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
+    assert rows == [(0, o) for o in by_partition[0][10:20]] + [(2, o) for o in by_partition[2]]

@@ -133,6 +133,10 @@ class Pipeline:
     fail_on_data_loss: bool = True
     origin: str = "<config>"
 
+    def table_schema(self):
+        """The main table's Arrow schema."""
+        return main_table_schema(self.format.type, self.format.schema)
+
     def redacted(self) -> dict[str, Any]:
         """The pipeline as a plain dict safe to print or log: secret option values masked."""
         return {
@@ -383,7 +387,7 @@ def _parse_starting_offsets(src: _Section) -> OffsetBound:
 
 
 def _check_partition_by(pipeline: Pipeline, sink: _Section) -> None:
-    schema = main_table_schema(pipeline)
+    schema = pipeline.table_schema()
     for column in pipeline.sink.partition_by:
         if not isinstance(column, str) or schema.get_field_index(column) < 0:
             raise sink.error("partition_by", f"{column!r} is not a column of the table ({', '.join(schema.names)})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from io import BytesIO
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -48,14 +49,14 @@ class Decoder:
         # least one row, so "rows == records" proves one row per record (see _parse_block).
         for i in pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)).to_pylist():
             errors[i] = "value is empty, not a JSON object"
-        candidates = [i for i in range(len(values)) if i not in errors] if errors else list(range(len(values)))
+        candidates = [i for i in range(len(values)) if i not in errors]
         parsed = self._parse(values, candidates, errors)
+        if not errors:  # the common case: every record parsed, rows already in order
+            return Decoded(_with_metadata(records, parsed.cast(self.declared)), _empty_quarantine())
         good_rows = [i for i in candidates if i not in errors]
-        good = _with_metadata(records.take(good_rows), parsed.cast(self.declared)) if good_rows else None
+        good = _with_metadata(records.take(pa.array(good_rows, pa.int64())), parsed.cast(self.declared))
         bad_rows = sorted(errors)
-        bad = _quarantine(records.take(bad_rows), [errors[i] for i in bad_rows]) if bad_rows else _empty_quarantine()
-        if good is None:
-            good = pa.Table.from_batches([], schema=pa.schema(list(self.declared) + METADATA_FIELDS))
+        bad = _quarantine(records.take(bad_rows), [errors[i] for i in bad_rows])
         return Decoded(good, bad)
 
     def _parse(self, values: pa.BinaryArray, rows: list[int], errors: dict[int, str]) -> pa.Table:
@@ -80,7 +81,7 @@ class Decoder:
         multiline = len(rows) == 1 and b"\n" in chunk[0].as_py()
         if not multiline and pc.any(pc.match_substring(chunk, "\n")).as_py():
             raise _NotOneObjectPerRecord("a value contains a newline")
-        text = b"\n".join(chunk.to_pylist())
+        text = _join_lines(chunk)
         table = pajson.read_json(
             BytesIO(text),
             read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(text) + 1, 1 << 16)),
@@ -94,6 +95,20 @@ class Decoder:
             if table.column(name).null_count:
                 raise _NotOneObjectPerRecord(f"column {name!r} is declared NOT NULL but is missing or null")
         return table.select(self._parse_schema.names)
+
+
+def _join_lines(values: pa.BinaryArray) -> bytes:
+    """The values (none null) joined by newlines, straight from the Arrow buffers."""
+    count = len(values)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + count + 1]
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    joined = np.empty(len(data) + count, dtype=np.uint8)
+    newlines = offsets[1:] - offsets[0] + np.arange(count)
+    keep = np.ones(len(joined), dtype=bool)
+    keep[newlines] = False
+    joined[keep] = data
+    joined[newlines] = 10
+    return joined.tobytes()
 
 
 class _NotOneObjectPerRecord(ValueError):

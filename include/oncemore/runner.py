@@ -16,20 +16,15 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import Callable
 
 from .config import OffsetBound, Pipeline
-from .decode import Decoder
 from .kafka import consumer_config
 from .ledger import BatchRecord, Ledger
 from .planner import LATEST, Batch, Plan, plan_run
-from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, main_table_schema
+from .schema import QUARANTINE_SCHEMA
 from .sink import (
-    MANIFEST_DDL, CommitConflict, CommitOutcome, DataFile, TableWriter, commit_batch, delete_files, ensure_table,
-    manifest_batch, validate_files,
+    CommitConflict, CommitOutcome, DataFile, TaskSpec, commit_batch, delete_files, ensure_table, validate_files,
 )
 
 log = logging.getLogger("oncemore")
@@ -94,7 +89,7 @@ def run(
         report.seconds = time.monotonic() - started
         return report
     log.info("%s: %d batch(es), %d offsets to ingest", pipeline.name, len(plan.batches), plan.offset_count)
-    main_schema = main_table_schema(pipeline)
+    main_schema = pipeline.table_schema()
     ensure_table(pipeline.sink.table_uri, main_schema, pipeline.sink.partition_by, pipeline.name,
                  f"oncemore pipeline {pipeline.name}: topic {pipeline.source.topic}")
     ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
@@ -132,7 +127,7 @@ def ingest_batch(spark, pipeline: Pipeline, plan: Plan, batch: Batch, run_id: st
     files = write_batch_files(spark, pipeline, batch, floors) if batch.offset_count else []
     main_files = [f for f in files if f.table == "main"]
     quarantine_files = [f for f in files if f.table == "quarantine"]
-    validate_files(pipeline.sink.table_uri, main_files, main_table_schema(pipeline), pipeline.sink.partition_by, ranges)
+    validate_files(pipeline.sink.table_uri, main_files, pipeline.table_schema(), pipeline.sink.partition_by, ranges)
     validate_files(pipeline.sink.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), ranges)
     written = sum(f.num_records for f in main_files)
     quarantined = sum(f.num_records for f in quarantine_files)
@@ -175,48 +170,33 @@ def _commit(table_uri, pipeline, files, expected, new_positions, record) -> Comm
     return outcome
 
 
-def write_batch_files(spark, pipeline: Pipeline, batch: Batch, floors: dict[int, int]) -> list[DataFile]:
-    """Runs the Spark job of one batch: read ranges, decode, write Parquet; returns the manifest."""
-    from .source import NAME as SOURCE_NAME  # imports pyspark: only once there is work to do
-    from .source import offsets_option
+def write_batch_files(spark, pipeline: Pipeline, batch: Batch, quarantine_floors: dict[int, int]) -> list[DataFile]:
+    """Runs the Spark job of one batch: each task reads its range, decodes it and writes Parquet
+    files; the driver gets back only the files' manifest."""
+    from .source import INGEST_NAME, offsets_option  # imports pyspark: only once there is work to do
 
     topic = pipeline.source.topic
+    spec = TaskSpec(
+        format_type=pipeline.format.type,
+        schema_ddl=pipeline.format.schema,
+        table_uri=pipeline.sink.table_uri,
+        quarantine_uri=pipeline.sink.quarantine_uri,
+        partition_by=pipeline.sink.partition_by,
+        quarantine_floors=quarantine_floors,
+    )
     reader = (
-        spark.read.format(SOURCE_NAME)
+        spark.read.format(INGEST_NAME)
         .option("pipeline", pipeline.name)
         .option("topic", topic)
         .option("startingOffsets", offsets_option(topic, {r.partition: r.start for r in batch.ranges if r.count}))
         .option("endingOffsets", offsets_option(topic, {r.partition: r.end for r in batch.ranges if r.count}))
         .option("maxRecordsPerPartition", str(pipeline.limits.max_records_per_partition))
         .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
+        .option("sink", spec.to_json())
     )
     for key, value in consumer_config(pipeline).items():
         reader = reader.option(f"kafka.{key}", value)
-    rows = reader.load().mapInArrow(_task_writer(pipeline, floors), MANIFEST_DDL).collect()
-    return [DataFile(**row.asDict()) for row in rows]
-
-
-def _task_writer(pipeline: Pipeline, floors: dict[int, int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each Spark task runs over its Arrow batches (pickled to the executors)."""
-    format_type, schema_ddl = pipeline.format.type, pipeline.format.schema
-    table_uri, quarantine_uri = pipeline.sink.table_uri, pipeline.sink.quarantine_uri
-    partition_by, main_schema = pipeline.sink.partition_by, main_table_schema(pipeline)
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        decoder = Decoder(format_type, schema_ddl)
-        main = TableWriter("main", table_uri, main_schema, partition_by)
-        quarantine = TableWriter("quarantine", quarantine_uri, QUARANTINE_SCHEMA)
-        for records in batches:
-            decoded = decoder.decode(records)
-            main.write(decoded.good)
-            if decoded.bad.num_rows:
-                partition = decoded.bad.column(PARTITION_COLUMN)[0].as_py()
-                quarantine.write(decoded.bad.filter(pc.greater_equal(decoded.bad.column(OFFSET_COLUMN), floors[partition])))
-        files = main.close() + quarantine.close()
-        if files:
-            yield manifest_batch(files)
-
-    return write
+    return [DataFile(**row.asDict()) for row in reader.load().collect()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +207,7 @@ def spark_session(master: str | None = None):
     """A Spark session able to run oncemore jobs: the package shipped to executors, the source registered."""
     from pyspark.sql import SparkSession
 
-    from .source import KafkaRangeDataSource
+    from .source import KafkaIngestDataSource, KafkaRangeDataSource
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("oncemore")
@@ -243,6 +223,7 @@ def spark_session(master: str | None = None):
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
         spark.sparkContext.addPyFile(package_zip())
     spark.dataSource.register(KafkaRangeDataSource)
+    spark.dataSource.register(KafkaIngestDataSource)
     return spark
 
 

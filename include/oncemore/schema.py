@@ -7,12 +7,7 @@ invariant can be checked by counting (partition, offset) pairs in the table itse
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
 import pyarrow as pa
-
-if TYPE_CHECKING:
-    from .config import Pipeline
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -129,9 +124,9 @@ def _parse_type(name: str, text: str) -> pa.DataType:
     )
 
 
-def main_table_schema(pipeline: "Pipeline") -> pa.Schema:
-    if pipeline.format.type == "json":
-        declared = list(parse_schema(pipeline.format.schema))
+def main_table_schema(format_type: str, schema_ddl: str | None) -> pa.Schema:
+    if format_type == "json":
+        declared = list(parse_schema(schema_ddl))
     else:
         declared = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
     return pa.schema(declared + METADATA_FIELDS)

@@ -26,12 +26,13 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
+from .decode import Decoder
 from .ledger import METADATA_KEY, BatchRecord, app_id, open_table
-from .schema import OFFSET_COLUMN, PARTITION_COLUMN
+from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, main_table_schema
 
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
 # (PLATFORM.md: 37 MB vs 24 MB for the same data). Memory is bounded by this, not the range.
-ROW_GROUP_ROWS = 250_000
+ROW_GROUP_ROWS = 100_000
 # A task rolls to a new file past this many rows.
 FILE_ROWS = 4_000_000
 # Delta truncates string statistics to a prefix; so do we (a prefix is a valid minimum).
@@ -102,6 +103,43 @@ def table_location(table_uri: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Executor side
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task needs to turn its records into table files (travels as a data source option)."""
+
+    format_type: str
+    schema_ddl: str | None
+    table_uri: str
+    quarantine_uri: str
+    partition_by: tuple[str, ...]
+    # Per partition, the first offset the quarantine table still needs (its own position).
+    quarantine_floors: dict[int, int]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "TaskSpec":
+        data = json.loads(text)
+        data["partition_by"] = tuple(data["partition_by"])
+        data["quarantine_floors"] = {int(p): v for p, v in data["quarantine_floors"].items()}
+        return cls(**data)
+
+
+def write_task_files(records: Iterator[pa.RecordBatch], spec: TaskSpec) -> list[DataFile]:
+    """Decodes a task's record batches and writes them as Parquet files into both tables."""
+    decoder = Decoder(spec.format_type, spec.schema_ddl)
+    main = TableWriter("main", spec.table_uri, main_table_schema(spec.format_type, spec.schema_ddl), spec.partition_by)
+    quarantine = TableWriter("quarantine", spec.quarantine_uri, QUARANTINE_SCHEMA)
+    for batch in records:
+        decoded = decoder.decode(batch)
+        main.write(decoded.good)
+        if decoded.bad.num_rows:
+            floor = spec.quarantine_floors[decoded.bad.column(PARTITION_COLUMN)[0].as_py()]
+            quarantine.write(decoded.bad.filter(pc.greater_equal(decoded.bad.column(OFFSET_COLUMN), floor)))
+    return main.close() + quarantine.close()
 
 
 class _StatsAccumulator:

@@ -1,9 +1,18 @@
-"""Spark Python Data Source ``oncemore_kafka``: reads exact Kafka offset ranges as Arrow batches.
+"""Spark Python Data Sources over exact Kafka offset ranges, one task per (partition, sub-range).
+
+``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
+key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
+to look at a range in Spark.
+
+``oncemore_ingest`` is what runs do: each task streams its range through the decoder into
+Parquet files in the tables' directories and yields only the files' manifest rows. Records
+never cross into the JVM: a round trip from the source to a mapInArrow stage cost more than
+reading, parsing and writing together (measured: 91k rec/s that way on 2 cores).
 
 Options follow Spark's Kafka source: ``topic``, ``startingOffsets`` and ``endingOffsets`` as
 ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``, ``maxRecordsPerPartition``; plus
-``stallTimeoutMs`` and ``pipeline`` (named in errors). Columns are the Kafka source's:
-key, value, topic, partition, offset, timestamp, timestampType (headers are not read).
+``stallTimeoutMs``, ``pipeline`` (named in errors) and, for ``oncemore_ingest``, ``sink``
+(a JSON TaskSpec).
 
 Each task reads [start, end) of one partition with read_committed and stops once the consumer's
 position reaches ``end``: offsets held by transaction markers, aborted or compacted records are
@@ -24,6 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from .schema import KAFKA_RECORD_DDL, KAFKA_RECORD_SCHEMA, TIMESTAMP
 
 NAME = "oncemore_kafka"
+INGEST_NAME = "oncemore_ingest"
 # ~50k rows per Arrow batch measured fastest into Spark (PLATFORM.md); memory stays bounded by it.
 ARROW_BATCH_ROWS = 50_000
 _POLL_SECONDS = 0.5
@@ -89,9 +99,43 @@ class KafkaRangeReader(DataSourceReader):
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
         if split is None:  # Spark calls read(None) once when partitions() is empty
             return
-        yield from read_range(
+        yield from self.records(split)
+
+    def records(self, split: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
+        return read_range(
             self.kafka_config, split.topic, split.partition, split.start, split.end, self.stall_timeout, self.pipeline
         )
+
+
+class KafkaIngestDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return INGEST_NAME
+
+    def schema(self) -> str:
+        from .sink import MANIFEST_DDL
+
+        return MANIFEST_DDL
+
+    def reader(self, schema) -> "KafkaIngestReader":
+        return KafkaIngestReader(self.options)
+
+
+class KafkaIngestReader(KafkaRangeReader):
+    def __init__(self, options):
+        from .sink import TaskSpec
+
+        super().__init__(options)
+        self.spec = TaskSpec.from_json(options["sink"])
+
+    def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
+        from .sink import manifest_batch, write_task_files
+
+        if split is None:
+            return
+        files = write_task_files(self.records(split), self.spec)
+        if files:
+            yield manifest_batch(files)
 
 
 def read_range(
@@ -102,29 +146,25 @@ def read_range(
 
     where = f"pipeline {pipeline}: {topic}/{partition}"
     consumer = Consumer(kafka_config)
-    tp = TopicPartition(topic, partition, start)
     try:
-        consumer.assign([tp])
+        consumer.assign([TopicPartition(topic, partition, start)])
         position, last_progress = start, time.monotonic()
-        pending: list = []
+        columns = _Columns()
         while position < end:
-            messages = consumer.consume(num_messages=min(ARROW_BATCH_ROWS, 10_000), timeout=_POLL_SECONDS)
-            for message in messages:
-                if message.error() is not None:
-                    raise KafkaReadError(f"{where}: read failed near offset {position}: {message.error()}")
-            if messages and messages[-1].offset() >= end:
-                messages = [m for m in messages if m.offset() < end]
-                new_position = end
+            messages = consumer.consume(num_messages=10_000, timeout=_POLL_SECONDS)
+            if messages:
+                if messages[-1].offset() >= end:
+                    messages = [m for m in messages if m.offset() < end]
+                    new_position = end
+                else:
+                    new_position = messages[-1].offset() + 1
+                if messages and messages[0].offset() < position:
+                    raise KafkaReadError(f"{where}: broker returned offset {messages[0].offset()} before position {position}")
+                # Fields are copied out at once: read later, from many held messages, they cost ~3x more.
+                columns.add(messages, where, position)
             else:
-                new_position = messages[-1].offset() + 1 if messages else position
                 # Transaction markers (and aborted records) advance the position without a message.
-                reported = consumer.position([TopicPartition(topic, partition)])[0].offset
-                new_position = max(new_position, reported)
-            if messages and messages[0].offset() < position:
-                raise KafkaReadError(
-                    f"{where}: broker returned offset {messages[0].offset()} before position {position}"
-                )
-            pending += messages
+                new_position = consumer.position([TopicPartition(topic, partition)])[0].offset
             if new_position > position:
                 position, last_progress = new_position, time.monotonic()
             elif time.monotonic() - last_progress > stall_timeout:
@@ -132,28 +172,47 @@ def read_range(
                     f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range "
                     f"[{start}, {end}): the records are missing from the broker (deleted, or the topic was recreated)"
                 )
-            if len(pending) >= ARROW_BATCH_ROWS:
-                yield to_record_batch(topic, partition, pending)
-                pending = []
-        if pending:
-            yield to_record_batch(topic, partition, pending)
+            if columns.count >= ARROW_BATCH_ROWS:
+                yield columns.take_batch(topic, partition)
+        if columns.count:
+            yield columns.take_batch(topic, partition)
     finally:
         consumer.close()
 
 
-def to_record_batch(topic: str, partition: int, messages: list) -> pa.RecordBatch:
-    count = len(messages)
-    stamps = [m.timestamp() for m in messages]
-    millis = pa.array([t[1] if t[0] else None for t in stamps], pa.int64())
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([m.key() for m in messages], pa.binary()),
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([topic])).cast(pa.string()),
-            pa.array(np.full(count, partition, np.int32)),
-            pa.array([m.offset() for m in messages], pa.int64()),
-            pc.multiply(millis, 1000).cast(TIMESTAMP),
-            pa.array([_SPARK_TIMESTAMP_TYPE.get(t[0], -1) for t in stamps], pa.int32()),
-        ],
-        schema=KAFKA_RECORD_SCHEMA,
-    )
+class _Columns:
+    """Column lists of the records read so far, turned into one Arrow batch at a time."""
+
+    def __init__(self):
+        self.keys, self.values, self.offsets, self.timestamps = [], [], [], []
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets)
+
+    def add(self, messages: list, where: str, position: int) -> None:
+        errors = [m.error() for m in messages if m.error() is not None]
+        if errors:
+            raise KafkaReadError(f"{where}: read failed near offset {position}: {errors[0]}")
+        self.keys += [m.key() for m in messages]
+        self.values += [m.value() for m in messages]
+        self.offsets += [m.offset() for m in messages]
+        self.timestamps += [m.timestamp() for m in messages]
+
+    def take_batch(self, topic: str, partition: int) -> pa.RecordBatch:
+        count = self.count
+        millis = pa.array([t[1] if t[0] else None for t in self.timestamps], pa.int64())
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([topic])).cast(pa.string()),
+                pa.array(np.full(count, partition, np.int32)),
+                pa.array(self.offsets, pa.int64()),
+                pc.multiply(millis, 1000).cast(TIMESTAMP),
+                pa.array([_SPARK_TIMESTAMP_TYPE.get(t[0], -1) for t in self.timestamps], pa.int32()),
+            ],
+            schema=KAFKA_RECORD_SCHEMA,
+        )
+        self.__init__()
+        return batch

@@ -1,0 +1,148 @@
+"""Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
+of the same offsets, in one run, on a local Tansu broker.
+
+    scripts/benchmark [--records 1000000] [--partitions 4]
+
+Prints records/s for both, their ratio (target >= 0.5), and the peak memory of Spark's Python
+workers (it should follow the batch size, not the range size). Not a test: figures, not verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+from confluent_kafka import Consumer, TopicPartition
+
+from oncemore import devbroker, runner
+from oncemore.config import parse_pipeline
+from oncemore.kafka import admin_client, consumer_config, log_bounds
+
+
+def make_records(count: int, partitions: int):
+    rng = random.Random(7)
+    padding = "x" * 120
+    for i in range(count):
+        value = json.dumps({"id": i, "customer": f"customer-{rng.randrange(10_000):05d}",
+                            "amount": round(rng.random() * 1000, 2), "note": padding}).encode()
+        yield i % partitions, str(i).encode(), value, None
+
+
+def raw_consume(pipeline, bounds) -> tuple[int, float]:
+    """One process, one consumer, all partitions: the rate oncemore is measured against."""
+    config = consumer_config(pipeline)
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(pipeline.source.topic, p, b.earliest) for p, b in bounds.items()])
+    remaining = {p: b.latest for p, b in bounds.items()}
+    count, value_bytes, started = 0, 0, time.perf_counter()
+    while remaining:
+        for message in consumer.consume(10_000, 1.0):
+            if message.error():
+                raise RuntimeError(message.error())
+            count += 1
+            value_bytes += len(message.value())
+            if message.offset() + 1 >= remaining.get(message.partition(), 1 << 62):
+                remaining.pop(message.partition())
+        for tp in consumer.position([TopicPartition(pipeline.source.topic, p) for p in list(remaining)]):
+            if tp.offset >= remaining[tp.partition]:
+                remaining.pop(tp.partition)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return count, elapsed
+
+
+class PeakWorkerMemory(threading.Thread):
+    """Samples the summed RSS of this process's Python children (Spark's Python workers)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_bytes, self.peak_single, self.running = 0, 0, True
+
+    def run(self):
+        me = psutil.Process()
+        while self.running:
+            workers = [c for c in me.children(recursive=True) if "python" in c.name().lower()]
+            sizes = []
+            for worker in workers:
+                try:
+                    sizes.append(worker.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self.peak_bytes = max(self.peak_bytes, sum(sizes))
+            self.peak_single = max([self.peak_single] + sizes)
+            time.sleep(0.2)
+
+
+def pipeline_for(broker, topic: str, table_dir: str, records: int):
+    return parse_pipeline({
+        "name": "bench",
+        "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic},
+        "sink": {"table_uri": f"{table_dir}/{topic}", "quarantine_uri": f"{table_dir}/{topic}_quarantine"},
+        "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE, note STRING"},
+        "limits": {"max_records_per_commit": records, "max_records_per_partition": records},
+    }, "benchmark", {})
+
+
+def timed_run(pipeline, spark, expected: int) -> tuple[float, PeakWorkerMemory]:
+    memory = PeakWorkerMemory()
+    memory.start()
+    started = time.perf_counter()
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+    seconds = time.perf_counter() - started
+    memory.running = False
+    if report.written != expected:
+        sys.exit(f"expected {expected} records written, got {report.written}")
+    return expected / seconds, memory
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    n, parts = args.records, args.partitions
+    mib = 2**20
+
+    work = tempfile.mkdtemp(prefix="oncemore-bench-")
+    with devbroker.running() as broker:
+        started = time.perf_counter()
+        for topic, count in (("bench", parts), ("bench_one", 1)):
+            broker.create_topic(topic, count)
+            broker.produce(topic, make_records(n, count))
+        print(f"produced 2 x {n} records in {time.perf_counter() - started:.1f}s", flush=True)
+        pipeline = pipeline_for(broker, "bench", work, n)
+        avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
+
+        count, raw_seconds = raw_consume(pipeline, log_bounds(admin_client(pipeline), pipeline, range(parts)))
+        raw_rate = count / raw_seconds
+        print(f"raw confluent-kafka consume, 1 process: {count} records of ~{avg_size:.0f} B in {raw_seconds:.2f}s "
+              f"= {raw_rate:,.0f} rec/s", flush=True)
+
+        session_started = time.perf_counter()
+        spark = runner.spark_session("local[2]")
+        print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
+        cold_rate, cold_memory = timed_run(pipeline, spark, n)
+        # Same records again, into a fresh table: the steady state of a session that already ran a job.
+        warm_rate, warm_memory = timed_run(pipeline_for(broker, "bench", f"{work}/warm", n), spark, n)
+        # One task reading the whole range: memory must follow the batch size, not the range.
+        _, single_memory = timed_run(pipeline_for(broker, "bench_one", work, n), spark, n)
+        spark.stop()
+
+    print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
+    print(f"  first job in a fresh session: {cold_rate:,.0f} rec/s = {cold_rate / raw_rate:.2f} x raw")
+    print(f"  steady state (session warm):  {warm_rate:,.0f} rec/s = {warm_rate / raw_rate:.2f} x raw (target >= 0.5)")
+    print(f"  Python worker peak RSS: {warm_memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
+          f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
+          f"({n * avg_size / mib:.0f} MiB of values)")
+
+
+if __name__ == "__main__":
+    main()
