@@ -102,7 +102,6 @@ def _run(pipeline: Pipeline, args) -> int:
         raise ValueError(f"--plan-file is for pipeline {plan.pipeline}, not {pipeline.name}")
     report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan,
                  spark_factory=lambda: spark_session(args.master))
-    print(describe(report.plan), file=sys.stderr)
     print(report.summary())
     return 0
 

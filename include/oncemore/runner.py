@@ -21,7 +21,7 @@ from typing import Callable
 from .config import OffsetBound, Pipeline
 from .kafka import consumer_config
 from .ledger import BatchRecord, Ledger
-from .planner import LATEST, Batch, Plan, plan_run
+from .planner import LATEST, Batch, Plan, describe, plan_run
 from .schema import QUARANTINE_SCHEMA
 from .sink import (
     CommitConflict, CommitOutcome, DataFile, TaskSpec, commit_batch, delete_files, ensure_table, validate_files,
@@ -88,7 +88,7 @@ def run(
     if plan.is_empty:
         report.seconds = time.monotonic() - started
         return report
-    log.info("%s: %d batch(es), %d offsets to ingest", pipeline.name, len(plan.batches), plan.offset_count)
+    log.info("%s", describe(plan))
     main_schema = pipeline.table_schema()
     ensure_table(pipeline.sink.table_uri, main_schema, pipeline.sink.partition_by, pipeline.name,
                  f"oncemore pipeline {pipeline.name}: topic {pipeline.source.topic}")
