@@ -8,18 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
 
-from . import kafka
-from .config import ConfigError, OffsetBound, Pipeline, format_timestamp_ms, load_pipeline, resolve_config_path
+from .config import (
+    ConfigError, OffsetBound, Pipeline, load_pipeline, resolve_config_path, with_kafka_overrides,
+)
 from .kafka import KafkaSourceError
-from .ledger import Ledger
 from .planner import Plan, PlanError, describe, plan_run
+from .report import format_status, status
 from .sink import CommitConflict, InvalidDataFile
 
 EXIT_FAILURE, EXIT_USAGE = 1, 2
+KAFKA_OVERRIDES_ENV = "ONCEMORE_KAFKA_OVERRIDES"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     run = add("run", "ingest up to --until and commit exactly once", _run)
     run.add_argument("--until", default="latest", help=until_help)
     run.add_argument("--run-id", help="recorded in the commit metadata (default: generated)")
-    run.add_argument("--plan-file", type=Path, help="ingest this plan (JSON from `plan --json`) instead of planning")
+    run.add_argument("--plan", help="ingest this plan (the JSON `plan --json` prints) instead of planning")
     run.add_argument("--master", help="Spark master (default: ONCEMORE_SPARK_MASTER or Spark's default)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
     plan.add_argument("--until", default="latest", help=until_help)
@@ -81,10 +84,18 @@ def _pipeline(args) -> Pipeline:
         pipeline = load_pipeline(args.config)
         if args.pipeline and args.pipeline != pipeline.name:
             raise ConfigError(str(args.config), "name", f"is {pipeline.name!r}, not {args.pipeline!r}")
-        return pipeline
-    if not args.pipeline:
+    elif args.pipeline:
+        pipeline = load_pipeline(resolve_config_path(args.pipeline))
+    else:
         raise ConfigError("<command line>", "", "name a pipeline or pass --config FILE")
-    return load_pipeline(resolve_config_path(args.pipeline))
+    # Kafka settings from an Airflow connection reach Spark jobs this way, never on a command line.
+    overrides = os.environ.get(KAFKA_OVERRIDES_ENV)
+    if overrides:
+        try:
+            pipeline = with_kafka_overrides(pipeline, json.loads(overrides))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(KAFKA_OVERRIDES_ENV, "", f"not valid JSON: {exc}") from None
+    return pipeline
 
 
 def _until(text: str) -> OffsetBound:
@@ -97,9 +108,9 @@ def _until(text: str) -> OffsetBound:
 def _run(pipeline: Pipeline, args) -> int:
     from .runner import run, spark_session
 
-    plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
+    plan = Plan.from_json(args.plan) if args.plan else None
     if plan is not None and plan.pipeline != pipeline.name:
-        raise ValueError(f"--plan-file is for pipeline {plan.pipeline}, not {pipeline.name}")
+        raise ValueError(f"--plan is for pipeline {plan.pipeline}, not {pipeline.name}")
     report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan,
                  spark_factory=lambda: spark_session(args.master))
     print(report.summary())
@@ -113,45 +124,9 @@ def _plan(pipeline: Pipeline, args) -> int:
 
 
 def _status(pipeline: Pipeline, args) -> int:
-    print(json.dumps(status(pipeline), indent=2) if args.json else format_status(status(pipeline)))
+    data = status(pipeline)
+    print(json.dumps(data, indent=2) if args.json else format_status(data))
     return 0
-
-
-def status(pipeline: Pipeline) -> dict:
-    topic = pipeline.source.topic
-    admin = kafka.admin_client(pipeline)
-    partitions = kafka.topic_partitions(admin, pipeline)
-    bounds = kafka.log_bounds(admin, pipeline, partitions)
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-    positions = main.committed_positions(partitions)
-    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic).committed_positions(partitions)
-    last_commit: dict[int, int] = {}
-    for entry in main.recent_batches(limit=50):
-        for partition in entry.batch.ranges.get(topic, {}):
-            last_commit.setdefault(int(partition), entry.timestamp_ms)
-    rows = []
-    for p in partitions:
-        position = positions[p]
-        lag = bounds[p].latest - (position if position is not None else bounds[p].earliest)
-        rows.append({
-            "partition": p,
-            "position": position,
-            "quarantine_position": quarantine_positions[p],
-            "log_start": bounds[p].earliest,
-            "log_end": bounds[p].latest,
-            "lag": max(lag, 0),
-            "last_commit": format_timestamp_ms(last_commit.get(p)) if p in last_commit else None,
-        })
-    return {"pipeline": pipeline.name, "topic": topic, "table_uri": pipeline.sink.table_uri, "partitions": rows}
-
-
-def format_status(data: dict) -> str:
-    lines = [f"pipeline {data['pipeline']}: topic {data['topic']} -> {data['table_uri']}"]
-    header = ("partition", "position", "log_start", "log_end", "lag", "last_commit")
-    lines.append("  ".join(f"{h:>12}" for h in header))
-    for row in data["partitions"]:
-        lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -124,6 +124,22 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class AirflowSettings:
+    """How the pipeline's DAG runs. Runs cover data intervals of ``schedule`` (a cron string)."""
+
+    schedule: str = "0 * * * *"
+    start_date_ms: int | None = None
+    catchup: bool = False
+    max_active_runs: int = 1
+    owner: str = "oncemore"
+    retries: int = 2
+    retry_delay_minutes: float = 5.0
+    tags: tuple[str, ...] = ()
+    spark_conn_id: str = "oncemore_spark"
+    kafka_conn_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Pipeline:
     name: str
     source: Source
@@ -131,6 +147,7 @@ class Pipeline:
     format: Format
     limits: Limits = Limits()
     fail_on_data_loss: bool = True
+    airflow: AirflowSettings = AirflowSettings()
     origin: str = "<config>"
 
     def table_schema(self):
@@ -296,7 +313,7 @@ def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: st
 
 def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipeline:
     raw = substitute_env(raw, source, environ)
-    top = _Section(raw, source, "", {"name", "source", "sink", "format", "limits", "fail_on_data_loss"})
+    top = _Section(raw, source, "", {"name", "source", "sink", "format", "limits", "fail_on_data_loss", "airflow"})
     name = top.get("name", str, required=True)
     if not _NAME.match(name):
         raise top.error("name", f"must be lowercase letters, digits and _ starting with a letter, got {name!r}")
@@ -316,10 +333,11 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
     stall = src.get("stall_timeout_seconds", (int, float), default=60.0)
     if stall <= 0:
         raise src.error("stall_timeout_seconds", "must be positive")
+    airflow = _parse_airflow(top)
     source_cfg = Source(
         bootstrap_servers=src.get("bootstrap_servers", str, required=True),
         topic=topic,
-        starting_offsets=_parse_starting_offsets(src),
+        starting_offsets=_parse_starting_offsets(src, airflow),
         kafka_options={str(k): _option_text(v) for k, v in kafka_options.items()},
         stall_timeout_seconds=float(stall),
     )
@@ -369,6 +387,7 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
         format=format_cfg,
         limits=limits,
         fail_on_data_loss=top.get("fail_on_data_loss", bool, default=True),
+        airflow=airflow,
         origin=source,
     )
     _check_partition_by(pipeline, sink)
@@ -379,11 +398,64 @@ def _option_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _parse_starting_offsets(src: _Section) -> OffsetBound:
+def _parse_starting_offsets(src: _Section, airflow: AirflowSettings) -> OffsetBound:
+    if "starting_offsets" not in src.value and airflow.start_date_ms is not None:
+        # A scheduled pipeline starts with its first data interval.
+        return OffsetBound(kind="timestamp", timestamp_ms=airflow.start_date_ms)
     try:
         return OffsetBound.parse(src.value.get("starting_offsets", "earliest"))
     except ValueError as exc:
         raise src.error("starting_offsets", str(exc)) from exc
+
+
+def _parse_airflow(top: _Section) -> AirflowSettings:
+    section = top.section("airflow", {
+        "schedule", "start_date", "catchup", "max_active_runs", "owner", "retries", "retry_delay_minutes", "tags",
+        "spark_conn_id", "kafka_conn_id",
+    }, required=False)
+    defaults = AirflowSettings()
+    start_date = section.get("start_date", (str, datetime), default=None)
+    start_date_ms = None
+    if start_date is not None:
+        try:
+            start_date_ms = parse_timestamp_ms(start_date.isoformat() if isinstance(start_date, datetime) else start_date)
+        except ValueError:
+            raise section.error("start_date", f"not an ISO-8601 timestamp: {start_date!r}") from None
+    schedule = section.get("schedule", str, default=defaults.schedule)
+    if len(schedule.split()) != 5:
+        raise section.error("schedule", f"must be a 5-field cron expression, got {schedule!r}")
+    settings = AirflowSettings(
+        schedule=schedule,
+        start_date_ms=start_date_ms,
+        catchup=section.get("catchup", bool, default=defaults.catchup),
+        max_active_runs=section.get("max_active_runs", int, default=defaults.max_active_runs),
+        owner=section.get("owner", str, default=defaults.owner),
+        retries=section.get("retries", int, default=defaults.retries),
+        retry_delay_minutes=float(section.get("retry_delay_minutes", (int, float), default=defaults.retry_delay_minutes)),
+        tags=tuple(str(t) for t in section.get("tags", list, default=[])),
+        spark_conn_id=section.get("spark_conn_id", str, default=defaults.spark_conn_id),
+        kafka_conn_id=section.get("kafka_conn_id", str, default=None),
+    )
+    if settings.max_active_runs < 1:
+        raise section.error("max_active_runs", "must be at least 1")
+    if settings.retries < 0:
+        raise section.error("retries", "must not be negative")
+    return settings
+
+
+def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pipeline:
+    """The pipeline with ``bootstrap_servers`` and ``kafka_options`` taken from ``overrides`` (an
+    Airflow connection, or ONCEMORE_KAFKA_OVERRIDES for a Spark job it launches)."""
+    unknown = set(overrides) - {"bootstrap_servers", "kafka_options"}
+    if unknown:
+        raise ConfigError("Kafka overrides", sorted(unknown)[0], "unknown key (allowed: bootstrap_servers, kafka_options)")
+    source = replace(
+        pipeline.source,
+        bootstrap_servers=overrides.get("bootstrap_servers") or pipeline.source.bootstrap_servers,
+        kafka_options={**pipeline.source.kafka_options,
+                       **{k: _option_text(v) for k, v in overrides.get("kafka_options", {}).items()}},
+    )
+    return replace(pipeline, source=source)
 
 
 def _check_partition_by(pipeline: Pipeline, sink: _Section) -> None:

@@ -1,0 +1,1 @@
+"""Airflow integration of oncemore: hook, operators and the DAG factory (dags/ only calls it)."""

@@ -1,0 +1,100 @@
+"""One DAG per pipeline config: ``oncemore__<pipeline>``, plan >> ingest >> report."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, Param
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from oncemore.config import ConfigError, Pipeline, load_all
+from oncemore.sink import table_location
+
+from oncemore_airflow.operators import OncemoreIngestOperator, OncemorePlanOperator, OncemoreReportOperator
+
+UNTIL_PATTERN = r"^\s*(latest|\d{4}-\d{2}-\d{2}[T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?|\{.*\})\s*$"
+
+
+def dag_id(pipeline_name: str) -> str:
+    return f"oncemore__{pipeline_name}"
+
+
+def table_asset(pipeline: Pipeline) -> Asset:
+    location = table_location(pipeline.sink.table_uri)
+    return Asset(name=f"oncemore/{pipeline.name}", uri=location if "://" in location else f"file://{location}")
+
+
+def check_schedulable(pipeline: Pipeline) -> None:
+    if pipeline.airflow.start_date_ms is None:
+        raise ConfigError(pipeline.origin, "airflow.start_date", "is required to schedule the pipeline's DAG")
+
+
+def build_dag(pipeline: Pipeline) -> DAG:
+    check_schedulable(pipeline)
+    settings = pipeline.airflow
+    common = {"config_path": str(Path(pipeline.origin).resolve()), "kafka_conn_id": settings.kafka_conn_id}
+    with DAG(
+        dag_id=dag_id(pipeline.name),
+        # Data intervals: the run for [11:00, 12:00) starts after 12:00 and ingests up to the
+        # offsets at 12:00. A plain cron string would give zero-length intervals in Airflow 3.
+        schedule=CronDataIntervalTimetable(settings.schedule, timezone="UTC"),
+        start_date=datetime.fromtimestamp(settings.start_date_ms / 1000, tz=timezone.utc),
+        catchup=settings.catchup,
+        max_active_runs=settings.max_active_runs,
+        tags=["oncemore", *settings.tags],
+        default_args={
+            "owner": settings.owner,
+            "retries": settings.retries,
+            "retry_delay": timedelta(minutes=settings.retry_delay_minutes),
+            "retry_exponential_backoff": True,
+        },
+        params={
+            "until": Param(
+                None, type=["null", "string"], pattern=UNTIL_PATTERN,
+                description="Where this run ends: latest, an ISO-8601 timestamp, or per-partition offsets "
+                            'like {"0": 1200, "1": 900}. Empty: the end of the run\'s data interval, or '
+                            "latest for a manual run without one.",
+            ),
+            "dry_run": Param(False, type="boolean", description="Only compute and show the plan; commit nothing."),
+        },
+        doc_md=_doc(pipeline),
+    ) as dag:
+        plan = OncemorePlanOperator(task_id="plan", **common)
+        ingest = OncemoreIngestOperator(task_id="ingest", conn_id=settings.spark_conn_id, name=f"oncemore-{pipeline.name}",
+                                        outlets=[table_asset(pipeline)], **common)
+        report = OncemoreReportOperator(task_id="report", **common)
+        plan >> ingest >> report
+    return dag
+
+
+def _doc(pipeline: Pipeline) -> str:
+    fmt = pipeline.format.type + (f" (`{pipeline.format.schema}`)" if pipeline.format.schema else "")
+    return (
+        f"### oncemore pipeline `{pipeline.name}`\n\n"
+        f"Exactly-once ingestion of Kafka topic `{pipeline.source.topic}` into Delta table "
+        f"`{pipeline.sink.table_uri}` (quarantine: `{pipeline.sink.quarantine_uri}`).\n\n"
+        f"- format: {fmt}\n- schedule: `{pipeline.airflow.schedule}` (UTC data intervals)\n"
+        f"- starts new partitions at: {pipeline.source.starting_offsets.describe()}\n"
+        f"- max records per commit: {pipeline.limits.max_records_per_commit}\n"
+        f"- config: `{pipeline.origin}`\n\n"
+        "A run ingests from the table's committed positions up to the end of its data interval (or "
+        "the `until` param). Rerunning finished work is a no-op: the ingest task is skipped."
+    )
+
+
+def schedulable_pipelines() -> tuple[list[Pipeline], dict[str, Exception]]:
+    """Every pipeline config that can become a DAG, and the problems of the others, by file."""
+    pipelines, broken = load_all()
+    good = []
+    for pipeline in pipelines:
+        try:
+            check_schedulable(pipeline)
+            good.append(pipeline)
+        except ConfigError as exc:
+            broken[pipeline.origin] = exc
+    return good, dict(broken)
+
+
+def load_dags() -> dict[str, DAG]:
+    return {dag.dag_id: dag for dag in map(build_dag, schedulable_pipelines()[0])}

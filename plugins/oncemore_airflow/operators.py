@@ -1,0 +1,101 @@
+"""Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit) >> report.
+
+Thin: the work is the core package's; these only bind it to a run's context.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk.bases.skipmixin import SkipMixin
+
+from oncemore.cli import KAFKA_OVERRIDES_ENV
+from oncemore.config import OffsetBound
+from oncemore.planner import LATEST, Plan, describe, plan_run
+from oncemore.report import verify_run
+from oncemore.runner import package_zip
+
+from oncemore_airflow.hooks import OncemoreHook
+
+SPARK_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest.py"
+PLAN_XCOM_KEY = "plan"
+
+
+def run_until(param: str | None, interval_start: datetime | None, interval_end: datetime | None) -> OffsetBound:
+    """Where a DAG run ends: the ``until`` param when given; else the end of the run's data
+    interval; else (a manual run without one) the log end."""
+    if param not in (None, ""):
+        return OffsetBound.parse(param, allowed=("latest",))
+    if interval_end is not None and interval_start != interval_end:
+        return OffsetBound(kind="timestamp", timestamp_ms=int(interval_end.timestamp() * 1000))
+    return LATEST
+
+
+class OncemorePlanOperator(BaseOperator, SkipMixin):
+    """Plans the run and pushes the plan (JSON) to XCom key ``plan``. Skips the ingest task when the plan is
+    empty or the run is a dry run: a rerun of finished work costs one ledger read."""
+
+    ui_color = "#e8f4fd"
+
+    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, ingest_task_id: str = "ingest", **kwargs):
+        super().__init__(**kwargs)
+        self.config_path, self.kafka_conn_id, self.ingest_task_id = config_path, kafka_conn_id, ingest_task_id
+
+    def execute(self, context) -> None:
+        params = context["params"]
+        until = run_until(params.get("until"), context.get("data_interval_start"), context.get("data_interval_end"))
+        plan = plan_run(OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline(), until)
+        self.log.info("%s", describe(plan))
+        # Pushed before skipping: skip() ends the task (Airflow 3), so a return value would be lost.
+        context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.to_json())
+        if plan.is_empty or params.get("dry_run"):
+            self.log.info("%s: skipping %s", "dry run" if params.get("dry_run") else "nothing to ingest", self.ingest_task_id)
+            ingest = [t for t in context["task"].get_direct_relatives(upstream=False) if t.task_id == self.ingest_task_id]
+            self.skip(ti=context["ti"], tasks=ingest)
+
+
+class OncemoreIngestOperator(SparkSubmitOperator):
+    """spark-submit of ``spark_jobs/ingest.py`` with the planned ranges; the job re-verifies the
+    positions before each commit. The core package travels as --py-files; Kafka settings from
+    the connection travel in the job's environment, never on its command line."""
+
+    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
+        super().__init__(
+            application=str(SPARK_JOB),
+            application_args=["--config", config_path, "--plan", f"{{{{ ti.xcom_pull(task_ids='{plan_task_id}', key='{PLAN_XCOM_KEY}') }}}}",
+                              "--run-id", "{{ run_id }}"],
+            **kwargs,
+        )
+        self.config_path, self.kafka_conn_id = config_path, kafka_conn_id
+
+    def execute(self, context) -> None:
+        self.py_files = package_zip()
+        overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
+        if overrides:
+            self.env_vars = {**(self.env_vars or {}), KAFKA_OVERRIDES_ENV: json.dumps(overrides)}
+        return super().execute(context)
+
+
+class OncemoreReportOperator(BaseOperator):
+    """Reads the run back from the table: fails loudly if the planned ranges are not committed;
+    returns records written/quarantined, positions and lag."""
+
+    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
+        kwargs.setdefault("trigger_rule", TriggerRule.NONE_FAILED)  # also after a skipped ingest
+        super().__init__(**kwargs)
+        self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
+
+    def execute(self, context) -> dict[str, Any]:
+        plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
+        pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
+        if context["params"].get("dry_run"):
+            self.log.info("dry run: nothing was committed; the plan was:\n%s", describe(plan))
+            return {"pipeline": pipeline.name, "status": "dry-run", "plan": json.loads(plan.to_json())}
+        result = verify_run(pipeline, plan, context["run_id"])
+        self.log.info("%s", json.dumps(result, indent=2))
+        return result
