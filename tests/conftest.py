@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -21,6 +22,8 @@ from oncemore import devbroker
 from oncemore.config import Pipeline, load_pipeline
 
 EXTERNAL_BOOTSTRAP = os.environ.get("ONCEMORE_TEST_BOOTSTRAP")
+# py4j logs at INFO while the interpreter shuts down, after pytest closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 ON_TANSU = not EXTERNAL_BOOTSTRAP
 
 

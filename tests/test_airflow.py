@@ -7,6 +7,7 @@ xfail(strict) on Tansu and run for real against Apache Kafka (ONCEMORE_TEST_BOOT
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -204,3 +205,35 @@ def test_tansu_timestamp_lookup_is_still_broken(broker, topic):
     (future,) = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.for_timestamp(stamp)}).values()
     first_of_hour_1 = min(o for p, o in by_hour[1] if p == 0)
     assert future.result().offset == 0 != first_of_hour_1
+
+
+def test_kafka_connection_overrides_reach_the_plan_and_the_spark_job(airflow_db, broker, topic, make_pipeline, monkeypatch):
+    produced = broker.produce(topic, orders(0, 300))
+    # The YAML names an address nobody listens on: only the connection's host can work.
+    pipeline = make_pipeline(topic, source={"bootstrap_servers": "127.0.0.1:9"},
+                             airflow=airflow_section(kafka_conn_id="kafka_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", json.dumps(
+        {"conn_type": "kafka", "host": broker.bootstrap_servers, "extra": {"client.id": "oncemore-from-airflow"}}))
+
+    run = build_dag(pipeline).test(logical_date=T0 + HOUR, run_conf={"until": "latest"})
+
+    assert run.state == "success", states(run)
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    plan_xcom = next(ti for ti in run.get_task_instances() if ti.task_id == "plan").xcom_pull(task_ids="plan", key="plan")
+    assert broker.bootstrap_servers not in plan_xcom and "client.id" not in plan_xcom
+
+
+def test_kafka_connection_maps_hosts_sasl_and_options(make_pipeline, monkeypatch):
+    pipeline = make_pipeline("t", airflow=airflow_section(kafka_conn_id="kafka_sasl"))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SASL", json.dumps({
+        "conn_type": "kafka", "host": "b1,b2:9093", "port": 9092, "login": "svc", "password": "s3cret",
+        "extra": {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
+    }))
+    from oncemore_airflow.hooks import OncemoreHook
+
+    resolved = OncemoreHook(pipeline.origin, "kafka_sasl").get_pipeline()
+
+    assert resolved.source.bootstrap_servers == "b1:9092,b2:9093"
+    assert resolved.source.kafka_options == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                                             "sasl.username": "svc", "sasl.password": "s3cret"}
+    assert "s3cret" not in json.dumps(resolved.redacted())
