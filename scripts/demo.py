@@ -19,20 +19,6 @@ from oncemore.config import load_pipeline, resolve_config_path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def airflow_environment(home: str) -> None:
-    """Embedded Airflow: SQLite in ``home``, this checkout's DAGs and plugins, Spark local[2]."""
-    os.environ.update({
-        "AIRFLOW_HOME": home,
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        "AIRFLOW_CONN_ONCEMORE_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
-    })
-    sys.path.insert(0, str(ROOT / "plugins"))
-
-
 def sample_orders(count: int):
     for i in range(count):
         value = b"{not json" if i % 2_500 == 7 else json.dumps(
@@ -72,7 +58,11 @@ def main() -> None:
 
 
 def run_dag_twice(table_uri: str) -> None:
-    airflow_environment(os.path.join(os.environ["ONCEMORE_DATA_DIR"], "airflow"))
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from oncemore_airflow import embedded
+
+    embedded.configure(os.path.join(os.environ["ONCEMORE_DATA_DIR"], "airflow"))
+    os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
     from airflow.dag_processing.dagbag import DagBag
 

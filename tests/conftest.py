@@ -6,6 +6,7 @@ Kafka cluster, in which case tests that Tansu's bugs make fail run for real ther
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import logging
@@ -39,6 +40,8 @@ def broker():
         return
     with devbroker.running() as local:
         yield local
+        # Destroy lingering client handles first, or their reconnect errors print after pytest's summary.
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

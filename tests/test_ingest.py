@@ -295,6 +295,31 @@ def test_partition_by_writes_hive_directories_and_stats(broker, topic, make_pipe
     assert min(a["min.id"] for a in actions) == 0 and max(a["max.id"] for a in actions) == 599
 
 
+def test_starting_latest_skips_the_backlog_and_records_every_partition(broker, topic, make_pipeline, spark):
+    broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, source={"starting_offsets": "latest"})
+
+    first = runner.run(pipeline, spark_factory=lambda: spark)
+    assert first.written == 0 and first.status == "committed", "the start is recorded even with nothing to read"
+    new = broker.produce(topic, orders(300, 90))
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), new)
+
+
+@tansu_bug("CreatePartitions is not supported (UNSUPPORTED_FEATURE)")
+def test_partitions_added_later_start_at_earliest(broker, topic, make_pipeline, spark):
+    pipeline = make_pipeline(topic, source={"starting_offsets": "latest"})
+    broker.produce(topic, orders(0, 30))
+    runner.run(pipeline, spark_factory=lambda: spark)
+    broker.add_partitions(topic, 4)
+    added = broker.produce(topic, [(3, None, order(i), None) for i in range(20)])
+
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), added)
+
+
 @tansu_bug("ListOffsets by timestamp always answers offset 0 (seen 2026-11-22, not yet in PLATFORM.md)")
 def test_until_timestamp_ingests_records_before_it(broker, topic, make_pipeline, spark):
     hour = 3_600_000

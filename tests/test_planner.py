@@ -92,10 +92,22 @@ def test_position_beyond_log_end_is_an_error_not_a_reset():
         plan(pipeline(), {0: 500}, bounds((0, 20)), {0: 0}, {0: 20})
 
 
-def test_latest_start_is_anchored_in_the_ledger_even_with_nothing_to_read():
-    result = plan(pipeline(starting="latest"), {0: None, 1: 7}, bounds((0, 40), (0, 7)), {0: 40, 1: 7}, {0: 40, 1: 7})
-    assert ranges(result) == [[(0, 40, 40)]]
-    assert result.batches[0].expected_positions == {0: None}
+def test_latest_start_is_recorded_in_the_ledger_even_with_nothing_to_read():
+    result = plan(pipeline(starting="latest"), {0: None, 1: None}, bounds((0, 40), (0, 7)), {0: 40, 1: 7}, {0: 40, 1: 7})
+    assert ranges(result) == [[(0, 40, 40), (1, 7, 7)]]
+    assert result.batches[0].expected_positions == {0: None, 1: None}
+
+
+def test_first_commit_records_every_partition_even_empty_or_unnamed_ones():
+    result = plan(pipeline(), {0: None, 1: None, 2: None}, bounds((0, 10), (0, 0), (0, 5)), {0: 0, 1: 0, 2: 0},
+                  ends={0: 10, 1: 0, 2: None})
+    assert ranges(result) == [[(0, 0, 10), (1, 0, 0), (2, 0, 0)]]
+
+
+def test_after_the_first_commit_only_partitions_with_records_are_touched():
+    result = plan(pipeline(), {0: 10, 1: 0, 2: None}, bounds((0, 12), (0, 0), (0, 0)), {0: 0, 1: 0, 2: 0},
+                  ends={0: 12, 1: 0, 2: 0})
+    assert ranges(result) == [[(0, 10, 12)]]
 
 
 def test_earliest_start_with_empty_partitions_is_a_noop():

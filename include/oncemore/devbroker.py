@@ -8,6 +8,7 @@ around them. One matters for anyone producing test data: ListOffsets(latest) rep
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import time
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 
 class DevBroker:
@@ -25,8 +26,17 @@ class DevBroker:
         self.bootstrap_servers, self.process = bootstrap_servers, process
 
     def create_topic(self, topic: str, partitions: int) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient(self._client_config())
         for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+            future.result(timeout=30)
+
+    def _client_config(self) -> dict:
+        # Through Python logging: a handle outliving the broker must not print after a test run.
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger("oncemore.devbroker")}
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        admin = AdminClient(self._client_config())
+        for future in admin.create_partitions([NewPartitions(topic, total)]).values():
             future.result(timeout=30)
 
     def produce(self, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None, int | None]],
@@ -35,7 +45,7 @@ class DevBroker:
 
         Returns the (partition, offset) of every record, from the delivery reports."""
         producer = Producer({
-            "bootstrap.servers": self.bootstrap_servers,
+            **self._client_config(),
             "transactional.id": transactional_id,
             "linger.ms": 20,
             "batch.num.messages": 10000,

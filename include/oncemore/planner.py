@@ -107,12 +107,17 @@ def plan(
     """Plans ranges from each partition's position up to its resolved end.
 
     ``positions``: ledger positions (None: never committed); ``starts``: where never-committed
-    partitions begin; ``ends``: resolved `until` offsets (None: leave the partition alone).
+    partitions begin (``starting_offsets`` before the first commit, earliest after it: such a
+    partition was added to the topic later); ``ends``: resolved `until` offsets (None: leave the
+    partition alone).
     """
     topic = pipeline.source.topic
     ranges: dict[int, OffsetRange] = {}
     gaps: list[Gap] = []
-    anchors: list[int] = []
+    # Until the first commit, every partition is recorded with the first batch, so afterwards "no
+    # position" can only mean a partition added to the topic later.
+    first_commit = all(positions.get(p) is None for p in bounds)
+    unrecorded: list[int] = []
     for partition in sorted(bounds):
         log = bounds[partition]
         position = positions.get(partition)
@@ -126,12 +131,10 @@ def plan(
                 "ingest into a new table or fix the ledger deliberately."
             )
         end = ends.get(partition)
-        if end is None:
-            continue
-        end = min(end, log.latest)
+        end = start if end is None else min(end, log.latest)
         if end <= start:
-            if position is None and pipeline.source.starting_offsets.kind == "latest":
-                anchors.append(partition)  # record "latest" now, or it moves on every run
+            if first_commit:
+                unrecorded.append(partition)
                 ranges[partition] = OffsetRange(partition, start, start)
             continue
         if start < log.earliest:
@@ -146,6 +149,10 @@ def plan(
             gaps.append(Gap(topic, partition, start, skipped_to))
             start = skipped_to
         ranges[partition] = OffsetRange(partition, start, end)
+    if len(unrecorded) == len(ranges) and pipeline.source.starting_offsets.kind != "latest":
+        # Nothing to read anywhere: the next run resolves the same starts again. Only "latest"
+        # moves on, so it must be recorded now.
+        ranges = {}
 
     batches = _chunk(pipeline.limits.max_records_per_commit, ranges, positions, gaps)
     return Plan(
@@ -229,7 +236,10 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     bounds = kafka.log_bounds(admin, pipeline, partitions)
     positions = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic).committed_positions(partitions)
     earliest = {p: b.earliest for p, b in bounds.items()}
-    starts = resolve(admin, pipeline, pipeline.source.starting_offsets, bounds, default=earliest)
+    if all(v is None for v in positions.values()):
+        starts = resolve(admin, pipeline, pipeline.source.starting_offsets, bounds, default=earliest)
+    else:
+        starts = earliest  # partitions added after the first commit start at their beginning
     # Explicit `until` offsets leave unnamed partitions where they are.
     ends = resolve(admin, pipeline, until, bounds, default={p: None for p in bounds})
     return plan(pipeline, positions, bounds, starts, ends, until=until.describe())
@@ -243,7 +253,10 @@ def describe(plan_: Plan) -> str:
     for batch in plan_.batches:
         lines.append(f"  batch {batch.seq}: {batch.offset_count} offsets")
         for r in batch.ranges:
-            lines.append(f"    {plan_.topic}/{r.partition}: [{r.start}, {r.end})")
+            if r.count:
+                lines.append(f"    {plan_.topic}/{r.partition}: [{r.start}, {r.end})")
+            else:
+                lines.append(f"    {plan_.topic}/{r.partition}: nothing to read, position recorded at {r.end}")
         for g in batch.gaps:
             lines.append(f"    gap {g.topic}/{g.partition}: [{g.start}, {g.end}) no longer in the log, skipped")
     return "\n".join(lines)
