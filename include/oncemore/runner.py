@@ -24,7 +24,8 @@ from .ledger import BatchRecord, Ledger
 from .planner import LATEST, Batch, Plan, describe, plan_run
 from .schema import QUARANTINE_SCHEMA
 from .sink import (
-    CommitConflict, CommitOutcome, DataFile, TaskSpec, commit_batch, delete_files, ensure_table, validate_files,
+    CommitConflict, CommitOutcome, DataFile, TaskSpec, already_committed, commit_batch, delete_files, ensure_table,
+    validate_files,
 )
 
 log = logging.getLogger("oncemore")
@@ -109,19 +110,14 @@ def ingest_batch(spark, pipeline: Pipeline, plan: Plan, batch: Batch, run_id: st
     ranges = {r.partition: (r.start, r.end) for r in batch.ranges}
     new_positions = {p: end for p, (_, end) in ranges.items()}
     main = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic)
 
-    current = main.committed_positions(ranges)
-    if all(current[p] is not None and current[p] >= end for p, end in new_positions.items()):
+    # Checked before the Spark job too, so a finished or conflicting batch costs no work.
+    if already_committed(pipeline.sink.table_uri, topic, main.committed_positions(ranges),
+                         batch.expected_positions, new_positions):
         return BatchReport(batch.seq, ranges, "already_committed")
-    if current != dict(batch.expected_positions):
-        raise CommitConflict(
-            f"pipeline {pipeline.name}: positions {current} are no longer the planned {dict(batch.expected_positions)}; "
-            "another run ingested part of this range: run again to replan"
-        )
     # The quarantine table keeps only rows at or after its own position (heals a crash between
     # the quarantine commit and the main commit).
-    quarantine_positions = quarantine.committed_positions(ranges)
+    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic).committed_positions(ranges)
     floors = {p: max(start, quarantine_positions[p] or 0) for p, (start, _) in ranges.items()}
 
     files = write_batch_files(spark, pipeline, batch, floors) if batch.offset_count else []

@@ -27,7 +27,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from .decode import Decoder
-from .ledger import METADATA_KEY, BatchRecord, app_id, open_table
+from .ledger import METADATA_KEY, BatchRecord, Ledger, app_id, open_table
 from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, main_table_schema
 
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
@@ -388,11 +388,10 @@ def commit_batch(
     CommitConflict when they are neither where this batch starts nor where it ends.
     """
     location = table_location(table_uri)
+    ledger = Ledger(location, pipeline, topic)
     table = DeltaTable(location)
-    current = _positions(table, pipeline, topic, new_positions)
-    if _reached(current, new_positions):
+    if already_committed(table_uri, topic, ledger.committed_positions(new_positions, table), expected, new_positions):
         return CommitOutcome("already_committed", None)
-    _check_expected(table_uri, topic, current, expected, new_positions)
     now_ms = int(time.time() * 1000)
     actions = [
         AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files
@@ -408,23 +407,23 @@ def commit_batch(
         )
     except CommitFailedError:
         # A concurrent commit touched the same positions. If it covered this range, we are done.
-        table = DeltaTable(location)
-        if _reached(_positions(table, pipeline, topic, new_positions), new_positions):
+        if _reached(ledger.committed_positions(new_positions), new_positions):
             return CommitOutcome("lost_race", None)
         raise
     table.update_incremental()
     return CommitOutcome("committed", table.version())
 
 
-def _positions(table: DeltaTable, pipeline: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
-    return {p: table.transaction_version(app_id(pipeline, topic, p)) for p in partitions}
-
-
 def _reached(current: Mapping[int, int | None], target: Mapping[int, int]) -> bool:
     return all(current[p] is not None and current[p] >= v for p, v in target.items())
 
 
-def _check_expected(table_uri, topic, current, expected, new_positions) -> None:
+def already_committed(table_uri: str, topic: str, current: Mapping[int, int | None],
+                      expected: Mapping[int, int | None], new_positions: Mapping[int, int]) -> bool:
+    """True when the table's ``current`` positions already reach ``new_positions``; False when
+    they are exactly the ``expected`` ones a batch builds on; CommitConflict otherwise."""
+    if _reached(current, new_positions):
+        return True
     moved = {p: (expected[p], current[p], new_positions[p]) for p in new_positions if current[p] != expected[p]}
     if moved:
         detail = ", ".join(f"{topic}/{p}: expected {e}, found {c}, batch ends at {n}" for p, (e, c, n) in moved.items())
@@ -432,6 +431,7 @@ def _check_expected(table_uri, topic, current, expected, new_positions) -> None:
             f"{table_uri}: positions moved since planning ({detail}); nothing was committed. "
             "Another run ingested part of this range: run again to replan from the new positions."
         )
+    return False
 
 
 def delete_files(table_uri: str, files: Iterable[DataFile]) -> None:

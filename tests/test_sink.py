@@ -1,0 +1,49 @@
+"""The driver-side guards: position checks before a commit, and validation of added files."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from oncemore.schema import QUARANTINE_SCHEMA
+from oncemore.sink import CommitConflict, InvalidDataFile, TableWriter, already_committed, validate_files
+
+
+def test_positions_at_the_batch_start_commit_past_its_end_are_done_anything_else_conflicts():
+    assert already_committed("t", "orders", {0: 10, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5}) is False
+    assert already_committed("t", "orders", {0: 20, 1: 9}, {0: 10, 1: None}, {0: 20, 1: 5}) is True
+    with pytest.raises(CommitConflict, match=r"orders/0: expected 10, found 15, batch ends at 20"):
+        already_committed("t", "orders", {0: 15, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5})
+
+
+def rows(offsets) -> pa.Table:
+    n = len(offsets)
+    return pa.table({
+        "key": pa.array([None] * n, pa.binary()), "value": pa.array([b"v"] * n, pa.binary()), "error": ["e"] * n,
+        "_kafka_topic": ["orders"] * n, "_kafka_partition": pa.array([1] * n, pa.int32()),
+        "_kafka_offset": pa.array(offsets, pa.int64()), "_kafka_timestamp": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+    }).cast(QUARANTINE_SCHEMA)
+
+
+def written(tmp_path, offsets):
+    writer = TableWriter("quarantine", str(tmp_path), QUARANTINE_SCHEMA)
+    writer.write(rows(offsets))
+    return writer.close()
+
+
+def test_valid_files_pass_and_report_their_offsets(tmp_path):
+    (data_file,) = written(tmp_path, [5, 6, 9])
+    assert (data_file.kafka_partition, data_file.min_offset, data_file.max_offset, data_file.num_records) == (1, 5, 9, 3)
+    validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (5, 10)})
+
+
+def test_files_outside_the_range_missing_or_with_another_schema_are_refused(tmp_path):
+    (data_file,) = written(tmp_path, [5, 6, 10])
+    with pytest.raises(InvalidDataFile, match=r"offsets \[5, 10\] of partition 1 fall outside the batch range \[5, 10\)"):
+        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (5, 10)})
+    other_schema = pa.schema([f for f in QUARANTINE_SCHEMA if f.name != "error"])
+    with pytest.raises(InvalidDataFile, match="differs from the table's"):
+        validate_files(str(tmp_path), [data_file], other_schema, (), {1: (0, 100)})
+    (tmp_path / data_file.path).unlink()
+    with pytest.raises(InvalidDataFile, match="missing"):
+        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (0, 100)})
