@@ -68,3 +68,4 @@ def test_spark_reads_a_range_as_records_with_the_kafka_source_columns(broker, to
     assert frame.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
     rows = sorted((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
     assert rows == [(0, o) for o in by_partition[0][10:20]] + [(2, o) for o in by_partition[2]]
+

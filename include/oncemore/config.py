@@ -22,8 +22,9 @@ DEFAULT_PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-# librdkafka keys whose values must never be printed.
-_SECRET_KEY = re.compile(r"password|secret|token|sasl\.jaas|ssl\.key|credentials", re.I)
+# Option keys whose values must never be printed (librdkafka's, and Spark's own defaults).
+SECRET_KEY_PATTERN = r"password|secret|token|access[.]?key|jaas|ssl\.key|credentials"
+_SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.I)
 REDACTED = "***"
 
 

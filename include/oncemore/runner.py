@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from .config import OffsetBound, Pipeline
+from .config import SECRET_KEY_PATTERN, OffsetBound, Pipeline
 from .kafka import consumer_config
 from .ledger import BatchRecord, Ledger
 from .planner import LATEST, Batch, Plan, describe, plan_run
@@ -212,6 +212,10 @@ def spark_session(master: str | None = None):
         builder = builder.master(master)
     spark = (
         builder.config("spark.sql.session.timeZone", "UTC")
+        # librdkafka settings travel as data source options (kafka.*): keep their secrets out of
+        # plans, logs and the UI (Spark's default patterns miss sasl.jaas.config).
+        .config("spark.redaction.regex", f"(?i){SECRET_KEY_PATTERN}")
+        .config("spark.sql.redaction.options.regex", f"(?i){SECRET_KEY_PATTERN}|url")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
