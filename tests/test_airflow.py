@@ -228,3 +228,17 @@ def test_kafka_connection_maps_hosts_sasl_and_options(make_pipeline, monkeypatch
     assert resolved.source.kafka_options == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
                                              "sasl.username": "svc", "sasl.password": "s3cret"}
     assert "s3cret" not in json.dumps(resolved.redacted())
+
+
+def test_a_run_ends_at_its_param_else_its_interval_end_else_latest():
+    from oncemore.config import OffsetBound
+    from oncemore_airflow.operators import run_until
+
+    end_ms = int((T0 + 2 * HOUR).timestamp() * 1000)
+    assert run_until(None, T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("timestamp", timestamp_ms=end_ms)
+    assert run_until("", T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("timestamp", timestamp_ms=end_ms)
+    # Manual runs: no interval, or a zero-length one (a trigger timetable's) -> the log end.
+    assert run_until(None, None, None) == OffsetBound("latest")
+    assert run_until(None, T0, T0) == OffsetBound("latest")
+    assert run_until('{"0": 7}', T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("offsets", offsets={0: 7})
+    assert run_until("latest", T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("latest")
