@@ -24,9 +24,6 @@ KAFKA_RECORD_SCHEMA = pa.schema(
         ("timestampType", pa.int32()),
     ]
 )
-KAFKA_RECORD_DDL = (
-    "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, timestampType INT"
-)
 
 METADATA_FIELDS = [
     pa.field("_kafka_topic", pa.string(), nullable=False),

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import date, datetime
+from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -41,12 +42,6 @@ _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 # Characters Spark escapes in Hive-style partition directory names (ExternalCatalogUtils).
 _PATH_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
 
-MANIFEST_DDL = (
-    "table STRING, path STRING, size BIGINT, partition_values STRING, num_records BIGINT, stats STRING, "
-    "kafka_partition INT, min_offset BIGINT, max_offset BIGINT"
-)
-
-
 class CommitConflict(RuntimeError):
     """Positions moved between planning and commit in a way no retry of this batch can fix."""
 
@@ -70,16 +65,16 @@ class DataFile:
     max_offset: int
 
 
-def manifest_schema() -> pa.Schema:
-    return pa.schema(
-        [("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("partition_values", pa.string()),
-         ("num_records", pa.int64()), ("stats", pa.string()), ("kafka_partition", pa.int32()),
-         ("min_offset", pa.int64()), ("max_offset", pa.int64())]
-    )
+# DataFile as the rows an ingest task yields to the driver.
+MANIFEST_SCHEMA = pa.schema(
+    [("table", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("partition_values", pa.string()),
+     ("num_records", pa.int64()), ("stats", pa.string()), ("kafka_partition", pa.int32()),
+     ("min_offset", pa.int64()), ("max_offset", pa.int64())]
+)
 
 
 def manifest_batch(files: list[DataFile]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([asdict(f) for f in files], schema=manifest_schema())
+    return pa.RecordBatch.from_pylist([asdict(f) for f in files], schema=MANIFEST_SCHEMA)
 
 
 def filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
@@ -90,9 +85,7 @@ def filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path
 
 
-def _absolute(path: str):
-    from pathlib import Path
-
+def _absolute(path: str) -> Path:
     return Path(path).expanduser().resolve()
 
 

@@ -29,8 +29,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
-from .schema import KAFKA_RECORD_DDL, KAFKA_RECORD_SCHEMA, TIMESTAMP
+from .schema import KAFKA_RECORD_SCHEMA, TIMESTAMP
+from .sink import MANIFEST_SCHEMA, TaskSpec, manifest_batch, write_task_files
 
 NAME = "oncemore_kafka"
 INGEST_NAME = "oncemore_ingest"
@@ -69,8 +72,8 @@ class KafkaRangeDataSource(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def schema(self) -> str:
-        return KAFKA_RECORD_DDL
+    def schema(self) -> StructType:
+        return from_arrow_schema(KAFKA_RECORD_SCHEMA)
 
     def reader(self, schema) -> "KafkaRangeReader":
         return KafkaRangeReader(self.options)
@@ -112,10 +115,8 @@ class KafkaIngestDataSource(DataSource):
     def name(cls) -> str:
         return INGEST_NAME
 
-    def schema(self) -> str:
-        from .sink import MANIFEST_DDL
-
-        return MANIFEST_DDL
+    def schema(self) -> StructType:
+        return from_arrow_schema(MANIFEST_SCHEMA)
 
     def reader(self, schema) -> "KafkaIngestReader":
         return KafkaIngestReader(self.options)
@@ -123,14 +124,10 @@ class KafkaIngestDataSource(DataSource):
 
 class KafkaIngestReader(KafkaRangeReader):
     def __init__(self, options):
-        from .sink import TaskSpec
-
         super().__init__(options)
         self.spec = TaskSpec.from_json(options["sink"])
 
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
-        from .sink import manifest_batch, write_task_files
-
         if split is None:
             return
         files = write_task_files(self.records(split), self.spec)
