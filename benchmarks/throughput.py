@@ -1,5 +1,5 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
-of the same offsets, in one run, on a local Tansu broker.
+of the same offsets, in one run, on the local faithful test broker (devbroker.test_broker_path()).
 
     scripts/benchmark [--records 1000000] [--partitions 4]
 
@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from oncemore import devbroker, runner
 from oncemore.config import parse_pipeline
 from oncemore.kafka import admin_client, consumer_config, log_bounds
+from oncemore.spark import spark_session
 
 
 def make_records(count: int, partitions: int):
@@ -112,7 +113,7 @@ def main() -> None:
     mib = 2**20
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
-    with devbroker.running() as broker:
+    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
         started = time.perf_counter()
         for topic, count in (("bench", parts), ("bench_one", 1)):
             broker.create_topic(topic, count)
@@ -127,7 +128,7 @@ def main() -> None:
               f"= {raw_rate:,.0f} rec/s", flush=True)
 
         session_started = time.perf_counter()
-        spark = runner.spark_session("local[2]")
+        spark = spark_session("local[2]")
         print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
         cold_rate, cold_memory = timed_run(pipeline, spark, n)
         # Same records again, into a fresh table: the steady state of a session that already ran a job.

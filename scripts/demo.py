@@ -34,10 +34,11 @@ def oncemore(*args: str) -> None:
 def main() -> None:
     data_dir = os.environ.setdefault("ONCEMORE_DATA_DIR", tempfile.mkdtemp(prefix="oncemore-demo-"))
     os.environ.setdefault("ONCEMORE_SPARK_MASTER", "local[2]")
-    with devbroker.running() as broker:
+    with devbroker.running(devbroker.start_tansu()) as broker:
         os.environ["KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
         broker.create_topic("orders", 3)
-        produced = broker.produce("orders", sample_orders(20_000))
+        # In a transaction: Tansu reports a log's end right only after a marker (devbroker docstring).
+        produced = broker.produce("orders", sample_orders(20_000), transactional_id="demo")
         print(f"local Tansu broker at {broker.bootstrap_servers}: produced {len(produced)} records to topic "
               f"orders (3 partitions, 8 of them malformed); Delta tables under {data_dir}", flush=True)
 
@@ -52,7 +53,7 @@ def main() -> None:
         print(f"\n{pipeline.sink.table_uri}: {main_rows} rows; quarantine: {quarantined} rows; "
               f"together {main_rows + quarantined} of {len(produced)} produced")
 
-        more = broker.produce("orders", sample_orders(5_000))
+        more = broker.produce("orders", sample_orders(5_000), transactional_id="demo")
         print(f"\nAirflow (SQLite, dag.test): {len(more)} more records produced; running DAG oncemore__orders", flush=True)
         run_dag_twice(pipeline.sink.table_uri)
 

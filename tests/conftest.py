@@ -1,7 +1,9 @@
 """Fixtures: a real broker, a real local Spark, real Delta tables on disk, and an independent reader.
 
-The broker is a local Tansu (memory storage) unless ONCEMORE_TEST_BOOTSTRAP names a real
-Kafka cluster, in which case tests that Tansu's bugs make fail run for real there.
+The broker is the faithful Kafka test broker (``../shared/bin/kafka-test-broker``, or the path in
+ONCEMORE_TEST_BROKER), started once per session; ONCEMORE_TEST_BOOTSTRAP points the suite at an
+external Kafka cluster instead. Without either the run stops at once, saying how to provide one.
+Tests that need a broker of their own (SASL, restarts) start one from the same binary.
 """
 
 from __future__ import annotations
@@ -22,15 +24,21 @@ import yaml
 from oncemore import devbroker
 from oncemore.config import Pipeline, load_pipeline
 
+ROOT = Path(__file__).resolve().parents[1]
 EXTERNAL_BOOTSTRAP = os.environ.get("ONCEMORE_TEST_BOOTSTRAP")
+TEST_BROKER = devbroker.test_broker_path()
 # py4j logs at INFO while the interpreter shuts down, after pytest closed its streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
-ON_TANSU = not EXTERNAL_BOOTSTRAP
 
 
-def tansu_bug(reason: str):
-    """Marks a test that Tansu 0.6.0 fails for the broker's own reason (runs for real on Kafka)."""
-    return pytest.mark.xfail(ON_TANSU, reason=f"Tansu 0.6.0: {reason}", strict=True)
+def pytest_sessionstart(session):
+    if not EXTERNAL_BOOTSTRAP and not os.access(TEST_BROKER, os.X_OK):
+        pytest.exit(
+            f"no Kafka broker for the tests: {TEST_BROKER} is missing or not executable. Provide the faithful "
+            "test broker (build it with shared/tools/kafka-test-broker/build.sh, or set ONCEMORE_TEST_BROKER to "
+            "its path), or point the suite at a Kafka cluster with ONCEMORE_TEST_BOOTSTRAP=host:port.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -38,15 +46,32 @@ def broker():
     if EXTERNAL_BOOTSTRAP:
         yield devbroker.DevBroker(EXTERNAL_BOOTSTRAP)
         return
-    with devbroker.running() as local:
+    with devbroker.running(devbroker.start_test_broker(TEST_BROKER)) as local:
         yield local
         # Destroy lingering client handles first, or their reconnect errors print after pytest's summary.
         gc.collect()
 
 
+@pytest.fixture
+def own_broker(tmp_path):
+    """A test broker of this test's own, persisted under tmp_path (restartable); arguments as
+    devbroker.start_test_broker's."""
+    started = []
+
+    def start(**kwargs) -> devbroker.DevBroker:
+        kwargs.setdefault("data_dir", str(tmp_path / "broker-data"))
+        started.append(devbroker.start_test_broker(TEST_BROKER, **kwargs))
+        return started[-1]
+
+    yield start
+    for local in started:
+        local.stop()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def spark():
-    from oncemore.runner import spark_session
+    from oncemore.spark import spark_session
 
     session = spark_session("local[2]")
     yield session
@@ -94,7 +119,16 @@ def orders(start: int, count: int, partitions: int = 3) -> list[tuple[int, bytes
     return [(i % partitions, str(i).encode(), order(i), None) for i in range(start, start + count)]
 
 
-def _duckdb() -> duckdb.DuckDBPyConnection:
+def by_partition(pairs: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """The offsets of (partition, offset) pairs, per partition, in order."""
+    found: dict[int, list[int]] = {}
+    for partition, offset in sorted(pairs):
+        found.setdefault(partition, []).append(offset)
+    return found
+
+
+def duckdb_connection() -> duckdb.DuckDBPyConnection:
+    """DuckDB with its Delta reader loaded from the wheel (no download)."""
     extension = glob.glob(str(Path(duckdb_extension_delta.__file__).parent / "extensions" / "*" / "delta.duckdb_extension"))[0]
     connection = duckdb.connect(config={"allow_unsigned_extensions": "true"})
     connection.execute(f"LOAD '{extension}'")
@@ -105,7 +139,7 @@ def read_pairs(table_uri: str) -> list[tuple[int, int]]:
     """Every (partition, offset) in the table, read by DuckDB's Delta reader (not delta-rs)."""
     if not Path(table_uri, "_delta_log").exists():
         return []
-    rows = _duckdb().execute(
+    rows = duckdb_connection().execute(
         f"SELECT _kafka_partition, _kafka_offset FROM delta_scan('{table_uri}')"
     ).fetchall()
     return sorted(rows)
@@ -113,7 +147,7 @@ def read_pairs(table_uri: str) -> list[tuple[int, int]]:
 
 def query(table_uri: str, sql: str) -> list[tuple]:
     """Runs ``sql`` with ``{table}`` standing for the Delta table, through DuckDB."""
-    return _duckdb().execute(sql.format(table=f"delta_scan('{table_uri}')")).fetchall()
+    return duckdb_connection().execute(sql.format(table=f"delta_scan('{table_uri}')")).fetchall()
 
 
 def assert_exactly_once(pairs: list[tuple[int, int]], expected: list[tuple[int, int]]) -> None:

@@ -1,8 +1,8 @@
 """Airflow: the DAG factory, and DAG runs end to end through dag.test() with a real spark-submit.
 
-Interval runs end at the offsets of their data_interval_end (ListOffsets by timestamp). Tansu
-0.6.0 answers every timestamp lookup with offset 0, so the tests that depend on it are marked
-xfail(strict) on Tansu and run for real against Apache Kafka (ONCEMORE_TEST_BOOTSTRAP).
+Interval runs end at the first record of their data_interval_end. What a run must hold is
+computed from the DagRun's own data interval and the records' timestamps as the broker returns
+them, never from a guess about how dag.test maps a logical date to an interval.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ embedded.configure(tempfile.mkdtemp(prefix="oncemore-airflow-"))
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
 from deltalake import DeltaTable  # noqa: E402
 
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
 from oncemore.ledger import Ledger  # noqa: E402
 from oncemore_airflow.factory import build_dag  # noqa: E402
 
-from conftest import ON_TANSU, assert_exactly_once, order, orders, read_pairs, tansu_bug  # noqa: E402
+from conftest import assert_exactly_once, order, orders, read_pairs  # noqa: E402
 
 pytestmark = pytest.mark.airflow
 HOUR = timedelta(hours=1)
@@ -113,7 +115,7 @@ def test_manual_run_with_until_offsets_and_dry_run(airflow_db, broker, topic, ma
     assert run.state == "success", states(run)
     expected = [(0, o) for o in by_partition[0][:40]] + [(2, o) for o in by_partition[2][:10]]
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), expected)
-    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).committed_positions([0, 1, 2])
+    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).positions([0, 1, 2])
     # Partition 1 was not named: the first commit records its start (earliest) and nothing else.
     assert positions == {0: by_partition[0][40], 1: 0, 2: by_partition[2][10]}
 
@@ -142,60 +144,81 @@ def test_failed_ingest_then_next_run_loses_nothing_and_duplicates_nothing(airflo
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced + more)
 
 
-def produce_hours(broker, topic: str, hours: int, per_hour: int) -> dict[int, list[tuple[int, int]]]:
-    """Records stamped inside hour h = T0 + h hours; returns the (partition, offset)s per hour."""
-    by_hour = {}
-    for h in range(hours):
-        stamp = int((T0 + h * HOUR).timestamp() * 1000)
-        records = [(i % 3, None, order(h * 1000 + i), stamp + i * 1000) for i in range(per_hour)]
-        by_hour[h] = broker.produce(topic, records)
-    return by_hour
+def produce_like_producers(broker, topic: str, hour: datetime, per_hour: int = 30) -> None:
+    """Three past hours produced by an idempotent producer stamping each record with its event
+    time (as a replicator or a CDC source does), then the current hour's records produced now, in
+    transactions, stamped by the producer at send time."""
+    for back in (3, 2, 1):
+        start_ms = int((hour - back * HOUR).timestamp() * 1000)
+        broker.produce(topic, [(i % 3, None, order(back * 1000 + i), start_ms + i * 90_000) for i in range(per_hour)])
+    for chunk in range(2):
+        broker.produce(topic, [(i % 3, None, order(10_000 + chunk * 100 + i), None) for i in range(per_hour // 2)],
+                       transactional_id="current-hour")
 
 
-@tansu_bug("ListOffsets by timestamp always answers offset 0 (Tansu's own later fix: 'wrongly returning offset 0')")
+def stamps(broker, topic: str) -> dict[tuple[int, int], int]:
+    """Every committed record's (partition, offset) -> timestamp (ms), read back from the broker."""
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "stamps",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    admin = broker.admin()
+    (metadata,) = [admin.list_topics(timeout=10).topics[topic]]
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    found: dict[tuple[int, int], int] = {}
+    while any(consumer.position([TopicPartition(topic, p)])[0].offset < end for p, end in ends.items() if end):
+        for message in consumer.consume(1000, 1.0):
+            found[(message.partition(), message.offset())] = message.timestamp()[1]
+    consumer.close()
+    return found
+
+
+def stamped_between(records: dict[tuple[int, int], int], start: datetime, end: datetime) -> list[tuple[int, int]]:
+    start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+    return sorted(pair for pair, stamp in records.items() if start_ms <= stamp < end_ms)
+
+
 def test_hourly_runs_ingest_exactly_their_interval(airflow_db, broker, topic, make_pipeline):
-    by_hour = produce_hours(broker, topic, 4, 60)
-    pipeline = make_pipeline(topic, airflow=airflow_section(start_date=(T0 + 2 * HOUR).isoformat()))
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    produce_like_producers(broker, topic, hour)
+    records = stamps(broker, topic)
+    # Scheduled from three hours back: the first interval's start is where the table starts.
+    pipeline = make_pipeline(topic, airflow=airflow_section(start_date=(hour - 3 * HOUR).isoformat()))
 
-    # The run with logical date 02:00 covers [02:00, 03:00).
-    run = build_dag(pipeline).test(logical_date=T0 + 2 * HOUR)
-    assert run.state == "success", states(run)
-    assert_exactly_once(read_pairs(pipeline.sink.table_uri), by_hour[2])
-    run = build_dag(pipeline).test(logical_date=T0 + 3 * HOUR)
-    assert run.state == "success", states(run)
-    assert_exactly_once(read_pairs(pipeline.sink.table_uri), by_hour[2] + by_hour[3])
-
-
-@tansu_bug("ListOffsets by timestamp always answers offset 0 (Tansu's own later fix: 'wrongly returning offset 0')")
-def test_backfill_in_order_ingests_each_slice_and_a_second_backfill_is_all_noops(airflow_db, broker, topic, make_pipeline):
-    by_hour = produce_hours(broker, topic, 3, 50)
-    pipeline = make_pipeline(topic, source={"starting_offsets": "earliest"}, airflow=airflow_section())
-    expected = []
-    for h in range(3):
-        run = build_dag(pipeline).test(logical_date=T0 + h * HOUR)
+    # The table starts at the start date; each run ends at its own data_interval_end.
+    landed: list[tuple[int, int]] = []
+    previous_end = hour - 3 * HOUR
+    for logical_date in (hour - 2 * HOUR, hour - HOUR, hour, hour + HOUR):
+        run = build_dag(pipeline).test(logical_date=logical_date)
         assert run.state == "success", states(run)
-        expected += by_hour[h]
+        assert run.data_interval_start == previous_end, "consecutive hourly runs tile the hours"
+        interval = stamped_between(records, previous_end, run.data_interval_end)
+        assert interval, f"[{previous_end}, {run.data_interval_end}) holds records"
+        landed += interval
+        assert_exactly_once(read_pairs(pipeline.sink.table_uri), landed)
+        previous_end = run.data_interval_end
+    assert sorted(landed) == sorted(records), "every record produced landed in its own interval"
+
+
+def test_backfill_in_order_ingests_each_slice_and_a_second_backfill_is_all_noops(airflow_db, broker, topic, make_pipeline):
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    produce_like_producers(broker, topic, hour)
+    records = stamps(broker, topic)
+    pipeline = make_pipeline(topic, source={"starting_offsets": "earliest"},
+                             airflow=airflow_section(start_date=(hour - 3 * HOUR).isoformat()))
+    # earliest: the first run also takes everything before its interval.
+    expected, previous_end = [], datetime.min.replace(tzinfo=timezone.utc)
+    for logical_date in (hour - 2 * HOUR, hour - HOUR, hour):
+        run = build_dag(pipeline).test(logical_date=logical_date)
+        assert run.state == "success", states(run)
+        expected += stamped_between(records, previous_end, run.data_interval_end)
         assert_exactly_once(read_pairs(pipeline.sink.table_uri), expected)
+        previous_end = run.data_interval_end
     version = table_version(pipeline.sink.table_uri)
-    for h in range(3):
-        run = build_dag(pipeline).test(logical_date=T0 + h * HOUR)
-        assert states(run)["ingest"] == "skipped"
+    for logical_date in (hour - 2 * HOUR, hour - HOUR, hour):
+        run = build_dag(pipeline).test(logical_date=logical_date)
+        assert run.state == "success" and states(run)["ingest"] == "skipped", states(run)
     assert table_version(pipeline.sink.table_uri) == version
-
-
-@pytest.mark.skipif(not ON_TANSU, reason="states a Tansu bug")
-def test_tansu_timestamp_lookup_is_still_broken(broker, topic):
-    """Keeps the xfail marks above honest: when Tansu answers timestamp lookups correctly,
-    this fails and the marks must go."""
-    by_hour = produce_hours(broker, topic, 2, 3)
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    stamp = int((T0 + HOUR).timestamp() * 1000)
-    (future,) = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.for_timestamp(stamp)}).values()
-    first_of_hour_1 = min(o for p, o in by_hour[1] if p == 0)
-    assert future.result().offset == 0 != first_of_hour_1
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), expected)
 
 
 def test_kafka_connection_overrides_reach_the_plan_and_the_spark_job(airflow_db, broker, topic, make_pipeline, monkeypatch):

@@ -1,20 +1,27 @@
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pyarrow as pa
 import pytest
 
 from oncemore.decode import Decoder
-from oncemore.schema import KAFKA_RECORD_SCHEMA, QUARANTINE_SCHEMA, SchemaError, parse_schema
+from oncemore.schema import QUARANTINE_SCHEMA, RECORD_SCHEMA, SchemaError, parse_schema
 
 
-def records(values: list[bytes | None]) -> pa.RecordBatch:
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def records(values: list[bytes | None], stamps_ms: list[int] | None = None) -> pa.RecordBatch:
     n = len(values)
+    stamps_ms = stamps_ms or [1_700_000_000_000] * n
+    micros = [s * 1000 if abs(s) <= (2**63 - 1) // 1000 else None for s in stamps_ms]
     return pa.RecordBatch.from_arrays(
         [pa.array([b"k"] * n, pa.binary()), pa.array(values, pa.binary()), pa.array(["t"] * n),
          pa.array([2] * n, pa.int32()), pa.array(range(100, 100 + n), pa.int64()),
-         pa.array([1_700_000_000_000_000] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-         pa.array([0] * n, pa.int32())],
-        schema=KAFKA_RECORD_SCHEMA,
+         pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+         pa.array([0] * n, pa.int32()), pa.array(stamps_ms, pa.int64())],
+        schema=RECORD_SCHEMA,
     )
 
 
@@ -64,3 +71,35 @@ def test_schema_ddl_types():
     assert not schema.field("b").nullable and schema.names[4] == "e f"
     with pytest.raises(SchemaError, match="duplicate"):
         parse_schema("a INT, a STRING")
+
+
+def test_dates_and_timestamps_are_read_from_iso_text_and_bad_ones_quarantined_alone():
+    decoder = Decoder("json", "id BIGINT, d DATE, at TIMESTAMP, local TIMESTAMP_NTZ")
+    decoded = decoder.decode(records([
+        b'{"id": 1, "d": "2026-01-05", "at": "2026-01-05T11:00:00Z", "local": "2026-01-05T11:00:00"}',
+        b'{"id": 2, "d": "0999-12-31", "at": "0999-12-31T23:59:59.5+01:00"}',
+        b'{"id": 3, "at": "2026-01-05 11:00:00"}',  # no zone: UTC
+        b'{"id": 4, "d": "2026-02-30"}',
+        b'{"id": 5, "at": 1767610800000000}',
+        b'{"id": 6, "at": "+55000-01-01T00:00:00Z"}',
+    ]))
+    good = {row["id"]: row for row in decoded.good.to_pylist()}
+    assert sorted(good) == [1, 2, 3]
+    micros = decoded.good.column("at").cast(pa.int64()).to_pylist()
+    before_1000 = (datetime(999, 12, 31, 22, 59, 59, 500_000, tzinfo=timezone.utc) - EPOCH) // timedelta(microseconds=1)
+    assert micros == [1_767_610_800_000_000, before_1000, 1_767_610_800_000_000]
+    assert str(good[2]["d"]) == "0999-12-31"
+    errors = {row["_kafka_offset"] - 100 + 1: row["error"] for row in decoded.bad.to_pylist()}
+    assert "'2026-02-30' is not a valid DATE" in errors[4]
+    assert "a number where TIMESTAMP needs an ISO-8601 string" in errors[5]
+    assert "is not a valid TIMESTAMP" in errors[6]
+
+
+def test_a_kafka_timestamp_no_microsecond_timestamp_holds_is_quarantined_with_its_value():
+    nanos = 1_767_610_800_000_000_000
+    for format_args in (("raw",), ("json", "id BIGINT")):
+        decoded = Decoder(*format_args).decode(records([b'{"id": 1}', b'{"id": 2}'], [1_767_610_800_000, nanos]))
+        assert decoded.good.column("_kafka_offset").to_pylist() == [100]
+        (bad,) = decoded.bad.to_pylist()
+        assert bad["_kafka_offset"] == 101 and bad["value"] == b'{"id": 2}' and bad["_kafka_timestamp"] is None
+        assert f"Kafka timestamp {nanos} ms" in bad["error"]

@@ -19,9 +19,9 @@ from deltalake import DeltaTable
 
 from oncemore import runner
 from oncemore.kafka import admin_client, log_bounds
-from oncemore.ledger import METADATA_KEY, BatchRecord, Ledger, app_id
+from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger, app_id
 
-from conftest import assert_exactly_once, order, orders, read_pairs, query, tansu_bug
+from conftest import assert_exactly_once, order, orders, read_pairs, query
 
 pytestmark = pytest.mark.spark
 
@@ -30,9 +30,9 @@ def no_spark():
     raise AssertionError("a no-op run must not start Spark")
 
 
-def oncemore_commits(table_uri: str) -> list[tuple[int, BatchRecord]]:
+def oncemore_commits(table_uri: str) -> list[tuple[int, CommitRecord]]:
     commits = [c for c in DeltaTable(table_uri).history() if METADATA_KEY in c]
-    return sorted((c["version"], BatchRecord.from_json(c[METADATA_KEY])) for c in commits)
+    return sorted(((c["version"], CommitRecord.from_json(c[METADATA_KEY])) for c in commits), key=lambda c: c[0])
 
 
 def test_ingests_each_record_exactly_once_and_reruns_are_noops(broker, topic, make_pipeline, spark):
@@ -46,7 +46,7 @@ def test_ingests_each_record_exactly_once_and_reruns_are_noops(broker, topic, ma
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     # Positions are the log end, read back from the txn actions.
     bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
-    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).committed_positions([0, 1, 2])
+    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).positions([0, 1, 2])
     assert positions == {p: bounds[p].latest for p in (0, 1, 2)}
     # The values survived: DuckDB sees the parsed columns.
     assert query(pipeline.sink.table_uri, "SELECT sum(id), count(DISTINCT customer) FROM {table}") == [(sum(range(21_000)), 97)]
@@ -71,12 +71,24 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     report = runner.run(pipeline, run_id="run-42", spark_factory=lambda: spark)
 
     (version, batch), = oncemore_commits(pipeline.sink.table_uri)
-    assert version == report.batches[0].version
+    assert [version] == report.batches[0].versions
     assert batch.pipeline == "orders" and batch.run_id == "run-42" and batch.until == "latest"
-    assert batch.batch_seq == 0 and batch.format_version == 1 and batch.oncemore_version
+    assert batch.batch_seq == 0 and batch.format_version == 2 and batch.oncemore_version
     bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
     assert batch.ranges == {topic: {str(p): [0, bounds[p].latest] for p in (0, 1, 2)}}
     assert batch.records == {"written": 300, "quarantined": 0}
+    # The identity the offsets refer to, as the broker reports it.
+    from confluent_kafka import TopicCollection
+
+    (described,) = broker.admin().describe_topics(TopicCollection([topic])).values()
+    assert batch.topic == topic and batch.topic_id == str(described.result().topic_id) and batch.topic_id
+    assert batch.cluster_id == broker.admin().list_topics(timeout=10).cluster_id
+    assert batch.bytes_read == sum(len(str(i)) + len(order(i)) for i in range(300))
+    # txn actions carry lastUpdated, so Delta's transaction retention applies to them as written.
+    log_entry = (Path(pipeline.sink.table_uri) / "_delta_log" / f"{version:020d}.json").read_text()
+    txns = [json.loads(line)["txn"] for line in log_entry.splitlines() if '"txn"' in line]
+    assert sorted(t["appId"] for t in txns) == [app_id("orders", topic, p) for p in (0, 1, 2)]
+    assert all(t["lastUpdated"] > 1_700_000_000_000 for t in txns)
 
 
 def test_max_records_per_commit_splits_into_commits_each_with_its_positions(broker, topic, make_pipeline, spark):
@@ -143,7 +155,7 @@ def test_crash_after_writing_files_before_commit_then_rerun_is_exactly_once(brok
     def crash(*args, **kwargs):
         raise SystemExit("injected crash between writing files and committing")
 
-    monkeypatch.setattr(runner, "commit_batch", crash)
+    monkeypatch.setattr(runner, "commit", crash)
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()
@@ -169,14 +181,14 @@ def test_crash_between_quarantine_and_main_commit_heals_on_rerun(broker, topic, 
     records[10] = (records[10][0], records[10][1], b"{broken", None)
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic)
-    real_commit = runner.commit_batch
+    real_commit = runner.commit
 
-    def crash_on_main(table_uri, *args, **kwargs):
-        if table_uri == pipeline.sink.table_uri:
+    def crash_on_main(ledger, *args, **kwargs):
+        if ledger.table_uri == pipeline.sink.table_uri:
             raise SystemExit("injected crash after the quarantine commit")
-        return real_commit(table_uri, *args, **kwargs)
+        return real_commit(ledger, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "commit_batch", crash_on_main)
+    monkeypatch.setattr(runner, "commit", crash_on_main)
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()
@@ -212,9 +224,10 @@ def _commit_racer(table_uri, topic, rows, barrier, results):
     """Runs in a spawned process: writes its own file for offsets [0, rows), then commits at the barrier."""
     import pyarrow as pa
 
-    from oncemore.ledger import BatchRecord
+    from oncemore.committer import commit
+    from oncemore.ledger import CommitRecord, Ledger
     from oncemore.schema import QUARANTINE_SCHEMA
-    from oncemore.sink import TableWriter, commit_batch
+    from oncemore.writer import TableWriter
 
     table = pa.table({
         "key": pa.array([None] * rows, pa.binary()), "value": pa.array([b"x"] * rows, pa.binary()),
@@ -224,14 +237,15 @@ def _commit_racer(table_uri, topic, rows, barrier, results):
     writer = TableWriter("main", table_uri, QUARANTINE_SCHEMA)
     writer.write(table)
     files = writer.close()
-    record = BatchRecord("racers", 0, f"racer-{os.getpid()}", "latest", {topic: {"0": [0, rows]}}, {"written": rows, "quarantined": 0})
+    record = CommitRecord(pipeline="racers", run_id=f"racer-{os.getpid()}", ranges={topic: {"0": [0, rows]}},
+                          records={"written": rows, "quarantined": 0}, topic=topic)
     barrier.wait(timeout=60)
-    results.put(commit_batch(table_uri, "racers", topic, files, {0: None}, {0: rows}, record).status)
+    results.put(commit(Ledger(table_uri, "racers", topic), files, {0: None}, {0: rows}, [0], record).status)
 
 
 def test_concurrent_commits_of_the_same_batch_have_exactly_one_winner(tmp_path):
+    from oncemore.committer import ensure_table
     from oncemore.schema import QUARANTINE_SCHEMA
-    from oncemore.sink import ensure_table
 
     table_uri = str(tmp_path / "race")
     ensure_table(table_uri, QUARANTINE_SCHEMA, (), "race", "commit race")
@@ -251,7 +265,6 @@ def test_concurrent_commits_of_the_same_batch_have_exactly_one_winner(tmp_path):
     assert DeltaTable(table_uri).transaction_version(app_id("racers", "t", 0)) == 500
 
 
-@tansu_bug("read_committed is not enforced (PLATFORM.md bug 2): aborted records reach the consumer")
 def test_aborted_transactions_never_land(broker, topic, make_pipeline, spark):
     committed = broker.produce(topic, orders(0, 300), transactional_id="writer")
     broker.produce(topic, orders(300, 300), transactional_id="writer", abort=True)
@@ -307,7 +320,6 @@ def test_starting_latest_skips_the_backlog_and_records_every_partition(broker, t
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), new)
 
 
-@tansu_bug("CreatePartitions is not supported (UNSUPPORTED_FEATURE)")
 def test_partitions_added_later_start_at_earliest(broker, topic, make_pipeline, spark):
     pipeline = make_pipeline(topic, source={"starting_offsets": "latest"})
     broker.produce(topic, orders(0, 30))
@@ -320,7 +332,6 @@ def test_partitions_added_later_start_at_earliest(broker, topic, make_pipeline, 
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), added)
 
 
-@tansu_bug("ListOffsets by timestamp always answers offset 0 (seen 2026-11-22, not yet in PLATFORM.md)")
 def test_until_timestamp_ingests_records_before_it(broker, topic, make_pipeline, spark):
     hour = 3_600_000
     base = 1_790_000_000_000

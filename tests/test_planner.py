@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from oncemore.config import OffsetBound, parse_pipeline
-from oncemore.kafka import PartitionBounds
+from oncemore.config import Limits, OffsetBound, parse_pipeline
+from oncemore.errors import DataLoss, PlanError, StalePlan
+from oncemore.kafka import PartitionBounds, TopicIdentity
 from oncemore.ledger import Gap
-from oncemore.planner import Plan, PlanError, plan
+from oncemore.planner import Batch, OffsetRange, Plan, TaskRange, plan, split_tasks
 
 
 def pipeline(max_records=1_000_000, fail_on_data_loss=True, starting="earliest"):
@@ -44,7 +45,9 @@ def test_nothing_new_is_an_empty_plan():
 def test_same_inputs_same_plan():
     args = (pipeline(max_records=33), {0: 5, 1: None}, bounds((0, 100), (0, 80)), {0: 0, 1: 0}, {0: 100, 1: 80})
     assert plan(*args) == plan(*args)
-    assert Plan.from_json(plan(*args).to_json()) == plan(*args)
+    with_identity = plan(*args, identity=TopicIdentity("AbCd", "cluster-1"))
+    assert Plan.from_json(with_identity.to_json()) == with_identity
+    assert with_identity.table_uri == "/tmp/t"
 
 
 def test_chunks_by_max_records_per_commit_fairly_and_contiguously():
@@ -76,7 +79,7 @@ def test_until_beyond_log_end_is_clamped_to_it():
 
 
 def test_data_loss_fails_naming_topic_partition_and_offsets():
-    with pytest.raises(PlanError, match=r"orders/1: offsets \[20, 60\) are no longer in the log"):
+    with pytest.raises(DataLoss, match=r"pipeline orders: orders/1: offsets \[20, 60\) are no longer in the log"):
         plan(pipeline(), {0: 0, 1: 20}, bounds((0, 10), (60, 100)), {0: 0, 1: 0}, {0: 10, 1: 100})
 
 
@@ -87,9 +90,64 @@ def test_data_loss_allowed_skips_ahead_and_records_the_gap():
     assert result.batches[0].expected_positions == {0: 20}
 
 
-def test_position_beyond_log_end_is_an_error_not_a_reset():
-    with pytest.raises(PlanError, match="orders/0: committed position 500 is beyond the log end 20.*recreated"):
-        plan(pipeline(), {0: 500}, bounds((0, 20)), {0: 0}, {0: 20})
+def test_gaps_are_recorded_by_the_batch_that_crosses_them_even_past_the_first():
+    # Five partitions, two records per commit: partitions 3 and 4 are first touched in later batches.
+    log = bounds(*[(0, 4)] * 3, (50, 54), (70, 74))
+    result = plan(pipeline(max_records=2, fail_on_data_loss=False), {p: 0 for p in range(5)}, log,
+                  {p: 0 for p in range(5)}, {p: 74 for p in range(5)})
+    crossing = {g.partition: b.seq for b in result.batches for g in b.gaps}
+    assert sorted(crossing) == [3, 4]
+    for partition, seq in crossing.items():
+        batch = result.batches[seq]
+        assert batch.expected_positions[partition] == 0
+        assert {r.partition: r.start for r in batch.ranges}[partition] == log[partition].earliest
+    # Every batch records each partition it covers, and together they cover every range once.
+    covered = {p: [] for p in range(5)}
+    for batch in result.batches:
+        assert set(batch.expected_positions) == {r.partition for r in batch.ranges}
+        for r in batch.ranges:
+            covered[r.partition].append((r.start, r.end))
+    for p, spans in covered.items():
+        assert spans[0][0] == log[p].earliest and spans[-1][1] == 4 + (0 if p < 3 else log[p].earliest)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_starting_offset_beyond_log_end_is_an_error():
+    with pytest.raises(PlanError, match="orders/0: starting offset 500 is beyond the log end 20"):
+        plan(pipeline(), {0: None}, bounds((0, 20)), {0: 500}, {0: 20})
+
+
+def batch():
+    return Batch(seq=3, ranges=(OffsetRange(0, 10, 20), OffsetRange(1, 60, 70), OffsetRange(2, 5, 5)),
+                 expected_positions={0: 10, 1: 40, 2: None}, gaps=(Gap("orders", 1, 40, 60),))
+
+
+def test_a_batch_goes_on_from_the_current_positions_and_is_done_once_held():
+    assert batch().remaining({0: 10, 1: 40, 2: None}, "w") == {0: OffsetRange(0, 10, 20), 1: OffsetRange(1, 60, 70),
+                                                                  2: OffsetRange(2, 5, 5)}
+    # Partly committed (a retry after a crash, or byte budgets cut it): only the rest is left.
+    assert batch().remaining({0: 15, 1: 65, 2: 5}, "w") == {0: OffsetRange(0, 15, 20), 1: OffsetRange(1, 65, 70)}
+    assert batch().remaining({0: 20, 1: 99, 2: 5}, "w") == {}
+
+
+@pytest.mark.parametrize("positions, partition", [({0: 9, 1: 40, 2: None}, 0), ({0: 10, 1: 50, 2: None}, 1),
+                                                   ({0: None, 1: 40, 2: None}, 0), ({0: 10, 1: 40, 2: 3}, 2)])
+def test_positions_outside_a_batch_make_its_plan_stale(positions, partition):
+    with pytest.raises(StalePlan, match=rf"w/{partition}: the plan's batch 3 builds on position"):
+        batch().remaining(positions, "w")
+
+
+def test_tasks_are_cut_by_records_and_by_the_bytes_seen_and_share_the_commit_budget():
+    limits = Limits(max_records_per_partition=100, max_bytes_per_task=1_000, max_bytes_per_commit=5_000)
+    # Partition 0's sizes are unknown: records only. Partition 1's records are ~100 B: tasks of
+    # ~800 B, and no more than 80% of its 2,500 B share of the commit.
+    tasks, budget = split_tasks({0: OffsetRange(0, 0, 250), 1: OffsetRange(1, 10, 90)}, limits, {1: 100.0})
+    assert tasks == [TaskRange(0, 0, 100), TaskRange(0, 100, 200), TaskRange(0, 200, 250),
+                     TaskRange(1, 10, 18), TaskRange(1, 18, 26), TaskRange(1, 26, 30)]
+    assert budget == 5_000 // 6
+    assert split_tasks({0: OffsetRange(0, 0, 5)}, limits, {})[1] == 1_000
+    # A record larger than every budget still makes a task of one record.
+    assert split_tasks({0: OffsetRange(0, 0, 5)}, limits, {0: 10_000_000.0})[0] == [TaskRange(0, 0, 1)]
 
 
 def test_latest_start_is_recorded_in_the_ledger_even_with_nothing_to_read():

@@ -5,21 +5,27 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from oncemore.kafka import admin_client, consumer_config, log_bounds
-from oncemore.source import KafkaReadError, KafkaRangeReader, offsets_option, read_range
+from oncemore.kafka import KafkaReadError, admin_client, consumer_config, log_bounds
+from oncemore.records import RangeRecords
+from oncemore.schema import RECORD_SCHEMA
+from oncemore.source import KafkaRangeReader, offsets_option
 
-from conftest import orders
+from conftest import by_partition, orders
+
+
+def records(pipeline, partition, start, end, stall=20.0, max_bytes=None) -> RangeRecords:
+    return RangeRecords(consumer_config(pipeline), pipeline.source.topic, partition, start, end, stall,
+                        f"pipeline {pipeline.name}: {pipeline.source.topic}/{partition}", max_bytes)
 
 
 def read(pipeline, partition, start, end, stall=20.0) -> pa.Table:
-    return pa.Table.from_batches(list(read_range(consumer_config(pipeline), pipeline.source.topic, partition, start, end,
-                                                 stall, pipeline.name)))
+    return pa.Table.from_batches(list(records(pipeline, partition, start, end, stall)), schema=RECORD_SCHEMA)
 
 
 def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_pipeline):
     produced = []
     for start in range(0, 600, 100):  # six transactions: a marker offset after each
-        produced += broker.produce(topic, [(0, None, v, None) for _, _, v, _ in orders(start, 100)])
+        produced += broker.produce(topic, [(0, None, v, None) for _, _, v, _ in orders(start, 100)], transactional_id="tx")
     pipeline = make_pipeline(topic)
     offsets = [o for _, o in produced]
     end = log_bounds(admin_client(pipeline), pipeline, [0])[0].latest
@@ -40,8 +46,42 @@ def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_
 def test_missing_records_fail_after_the_stall_timeout_naming_partition_and_offset(broker, topic, make_pipeline):
     broker.produce(topic, [(1, None, b"{}", None)] * 5)
     pipeline = make_pipeline(topic)
-    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/1: no progress for 2s at offset 6 of range \[0, 50\)"):
+    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/1: no progress for 2s at offset 5 of range \[0, 50\)"):
         read(pipeline, 1, 0, 50, stall=2.0)
+
+
+def test_records_deleted_while_planned_fail_the_read_naming_the_offsets(broker, topic, make_pipeline):
+    produced = broker.produce(topic, [(0, None, b"{}", None)] * 50)
+    pipeline = make_pipeline(topic)
+    broker.delete_records(topic, {0: 30})
+    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/0: read failed at offset 10 of range \[10, 50\)"):
+        read(pipeline, 0, 10, len(produced))
+
+
+def test_aborted_transactions_are_never_read(broker, topic, make_pipeline):
+    kept = broker.produce(topic, orders(0, 30, partitions=1), transactional_id="tx")
+    broker.produce(topic, orders(30, 30, partitions=1), transactional_id="tx", abort=True)
+    kept += broker.produce(topic, orders(60, 30, partitions=1), transactional_id="tx")
+    pipeline = make_pipeline(topic)
+    end = log_bounds(admin_client(pipeline), pipeline, [0])[0].latest
+    assert read(pipeline, 0, 0, end).column("offset").to_pylist() == by_partition(kept)[0]
+
+
+def test_a_byte_budget_stops_after_the_record_reaching_it_and_says_where(broker, topic, make_pipeline):
+    values = [bytes([65 + i % 26]) * 1_000 for i in range(40)]
+    produced = broker.produce(topic, [(0, None, v, None) for v in values])
+    pipeline = make_pipeline(topic)
+    offsets = by_partition(produced)[0]
+
+    cut = records(pipeline, 0, 0, offsets[-1] + 1, max_bytes=10_500)
+    table = pa.Table.from_batches(list(cut), schema=RECORD_SCHEMA)
+    assert table.column("offset").to_pylist() == offsets[:11]
+    assert (cut.reached, cut.bytes_read) == (offsets[10] + 1, 11_000)
+    # A record larger than the whole budget is still read: a run always moves on.
+    one = records(pipeline, 0, offsets[11], offsets[-1] + 1, max_bytes=10)
+    assert [b.num_rows for b in one] == [1] and one.reached == offsets[11] + 1
+    whole = records(pipeline, 0, 0, offsets[-1] + 1)
+    assert sum(b.num_rows for b in whole) == 40 and whole.reached == offsets[-1] + 1
 
 
 def test_reader_splits_ranges_into_sub_ranges():

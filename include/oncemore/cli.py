@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status``.
+"""Command line: ``oncemore run | plan | status | reset``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 from .config import (
     ConfigError, OffsetBound, Pipeline, load_pipeline, resolve_config_path, with_kafka_overrides,
 )
-from .kafka import KafkaSourceError
-from .planner import Plan, PlanError, describe, plan_run
+from .errors import OncemoreError
+from .kafka import KafkaReadError, KafkaSourceError
+from .planner import Plan, describe, plan_run
 from .report import format_status, status
-from .sink import CommitConflict, InvalidDataFile
 
 EXIT_FAILURE, EXIT_USAGE = 1, 2
 KAFKA_OVERRIDES_ENV = "ONCEMORE_KAFKA_OVERRIDES"
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"oncemore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (PlanError, KafkaSourceError, CommitConflict, InvalidDataFile) as exc:
+    except (OncemoreError, KafkaSourceError, KafkaReadError) as exc:
         print(f"oncemore: error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except Exception as exc:  # Spark and Kafka failures arrive wrapped; name the root cause
@@ -69,13 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     run = add("run", "ingest up to --until and commit exactly once", _run)
     run.add_argument("--until", default="latest", help=until_help)
     run.add_argument("--run-id", help="recorded in the commit metadata (default: generated)")
-    run.add_argument("--plan", help="ingest this plan (the JSON `plan --json` prints) instead of planning")
+    run.add_argument("--plan-file", type=Path,
+                     help="ingest the plan in this file (what `plan --json` prints) instead of planning")
     run.add_argument("--master", help="Spark master (default: ONCEMORE_SPARK_MASTER or Spark's default)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
     plan.add_argument("--until", default="latest", help=until_help)
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
     status = add("status", "positions, log bounds and lag per partition", _status)
     status.add_argument("--json", action="store_true")
+    reset = add("reset", "set the pipeline's positions deliberately (a commit recording old and new)", _reset)
+    reset.add_argument("--to", required=True,
+                       help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}' "
+                            "(unnamed partitions keep their position)")
     return parser
 
 
@@ -106,13 +111,15 @@ def _until(text: str) -> OffsetBound:
 
 
 def _run(pipeline: Pipeline, args) -> int:
-    from .runner import run, spark_session
+    from .runner import run
 
-    plan = Plan.from_json(args.plan) if args.plan else None
-    if plan is not None and plan.pipeline != pipeline.name:
-        raise ValueError(f"--plan is for pipeline {plan.pipeline}, not {pipeline.name}")
-    report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan,
-                 spark_factory=lambda: spark_session(args.master))
+    def spark():
+        from .spark import spark_session
+
+        return spark_session(args.master)
+
+    plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
+    report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
     print(report.summary())
     return 0
 
@@ -126,6 +133,19 @@ def _plan(pipeline: Pipeline, args) -> int:
 def _status(pipeline: Pipeline, args) -> int:
     data = status(pipeline)
     print(json.dumps(data, indent=2) if args.json else format_status(data))
+    return 0
+
+
+def _reset(pipeline: Pipeline, args) -> int:
+    from .reset import reset
+
+    try:
+        to = OffsetBound.parse(args.to)
+    except ValueError as exc:
+        raise ValueError(f"--to {exc}") from None
+    done = reset(pipeline, to)
+    print(f"{pipeline.name}: positions of topic {done['topic']} reset from {json.dumps(done['from'])} "
+          f"to {json.dumps(done['to'])} (versions: {json.dumps(done['versions'])})")
     return 0
 
 

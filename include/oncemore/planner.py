@@ -1,7 +1,10 @@
 """Planning: which offsets a run ingests, as batches of per-partition ranges. No Spark.
 
-``plan()`` is a pure function of the ledger positions and the log bounds, so the same ledger and
-the same bound give the same plan; ``plan_run()`` gathers those inputs from Delta and Kafka.
+``plan()`` is a pure function of the ledger positions and the resolved bounds, so the same
+ledger and the same bound give the same plan; ``plan_run()`` gathers those inputs from Delta and
+Kafka after checking that the positions still refer to this topic on this cluster.
+``Batch.remaining()`` and ``split_tasks()`` turn a batch into the work left from the table's
+current positions, which is what makes a retried or partly committed plan safe to run again.
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ from typing import Mapping
 
 from confluent_kafka.admin import AdminClient
 
+from . import bounds as bounds_
 from . import kafka
-from .config import OffsetBound, Pipeline
-from .kafka import PartitionBounds
+from .config import Limits, OffsetBound, Pipeline
+from .errors import DataLoss, PlanError, PositionsMissing, StalePlan, TopicChanged
+from .kafka import PartitionBounds, TopicIdentity
 from .ledger import Gap, Ledger
 
 LATEST = OffsetBound(kind="latest")
-
-
-class PlanError(RuntimeError):
-    """The log and the ledger disagree in a way that must not be resolved silently."""
+# Share of a byte budget planned from record sizes already seen: sizes vary, a cut task wastes work.
+SIZE_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,9 @@ class OffsetRange:
 
 @dataclass(frozen=True)
 class Batch:
-    """One Delta commit's worth of ranges.
+    """One Delta commit's worth of ranges (more than one commit if byte limits cut it).
 
-    ``expected_positions`` are the positions this batch builds on: the commit goes ahead only if
-    the table still holds exactly these (None: no position yet).
+    ``expected_positions`` are the positions this batch builds on (None: no position yet).
     """
 
     seq: int
@@ -54,13 +56,37 @@ class Batch:
     def offset_count(self) -> int:
         return sum(r.count for r in self.ranges)
 
+    def remaining(self, positions: Mapping[int, int | None], where: str) -> dict[int, OffsetRange]:
+        """The part of this batch the table does not hold yet, given its current ``positions``:
+        per partition, from the current position to the batch's end (the whole range, gap
+        included, while the position is still the expected one). Empty when the table already
+        holds the whole batch; a position outside [expected, end] means the plan is stale."""
+        left: dict[int, OffsetRange] = {}
+        for r in self.ranges:
+            current, expected = positions.get(r.partition), self.expected_positions[r.partition]
+            if current == expected:
+                left[r.partition] = r
+            elif current is not None and current >= r.end:
+                continue
+            elif current is not None and r.start <= current < r.end and (expected is None or current > expected):
+                left[r.partition] = OffsetRange(r.partition, current, r.end)
+            else:
+                raise StalePlan(
+                    f"{where}/{r.partition}: the plan's batch {self.seq} builds on position {expected} and ends at "
+                    f"{r.end}, but the table holds position {current}: the plan is stale, plan again",
+                    partition=r.partition, expected=expected, found=current, end=r.end,
+                )
+        return left
+
 
 @dataclass(frozen=True)
 class Plan:
     pipeline: str
     topic: str
+    table_uri: str
     until: str
     batches: tuple[Batch, ...]
+    identity: TopicIdentity = TopicIdentity(None, None)
     positions: Mapping[int, int | None] = field(default_factory=dict)
     bounds: Mapping[int, PartitionBounds] = field(default_factory=dict)
 
@@ -72,6 +98,14 @@ class Plan:
     def offset_count(self) -> int:
         return sum(b.offset_count for b in self.batches)
 
+    def ends(self) -> dict[int, int]:
+        """Where the plan leaves each partition it touches."""
+        ends: dict[int, int] = {}
+        for batch in self.batches:
+            for r in batch.ranges:
+                ends[r.partition] = max(ends.get(r.partition, r.end), r.end)
+        return ends
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
@@ -81,6 +115,7 @@ class Plan:
         return cls(
             pipeline=data["pipeline"],
             topic=data["topic"],
+            table_uri=data["table_uri"],
             until=data["until"],
             batches=tuple(
                 Batch(
@@ -91,6 +126,7 @@ class Plan:
                 )
                 for b in data["batches"]
             ),
+            identity=TopicIdentity(**data["identity"]),
             positions={int(p): v for p, v in data["positions"].items()},
             bounds={int(p): PartitionBounds(**v) for p, v in data["bounds"].items()},
         )
@@ -103,6 +139,7 @@ def plan(
     starts: Mapping[int, int],
     ends: Mapping[int, int | None],
     until: str = "latest",
+    identity: TopicIdentity = TopicIdentity(None, None),
 ) -> Plan:
     """Plans ranges from each partition's position up to its resolved end.
 
@@ -113,7 +150,7 @@ def plan(
     """
     topic = pipeline.source.topic
     ranges: dict[int, OffsetRange] = {}
-    gaps: list[Gap] = []
+    gaps: dict[int, Gap] = {}
     # Until the first commit, every partition is recorded with the first batch, so afterwards "no
     # position" can only mean a partition added to the topic later.
     first_commit = all(positions.get(p) is None for p in bounds)
@@ -124,11 +161,9 @@ def plan(
         start = position if position is not None else starts[partition]
         where = f"pipeline {pipeline.name}: {topic}/{partition}"
         if start > log.latest:
-            origin = "committed position" if position is not None else "starting offset"
             raise PlanError(
-                f"{where}: {origin} {start} is beyond the log end {log.latest} (log start {log.earliest}); "
-                "the topic was probably deleted and recreated. oncemore never resets positions by itself: "
-                "ingest into a new table or fix the ledger deliberately."
+                f"{where}: starting offset {start} is beyond the log end {log.latest} (log start {log.earliest})",
+                pipeline=pipeline.name, topic=topic, partition=partition, start=start, log_end=log.latest,
             )
         end = ends.get(partition)
         end = start if end is None else min(end, log.latest)
@@ -139,14 +174,15 @@ def plan(
             continue
         if start < log.earliest:
             if pipeline.fail_on_data_loss:
-                raise PlanError(
+                raise DataLoss(
                     f"{where}: offsets [{start}, {log.earliest}) are no longer in the log (log start "
                     f"{log.earliest}, {'position' if position is not None else 'starting offset'} {start}); "
                     "they were deleted before being ingested. Set fail_on_data_loss: false to skip them "
-                    "(the gap is recorded in the commit)."
+                    "(the gap is recorded in the commit).",
+                    pipeline=pipeline.name, topic=topic, partition=partition, start=start, log_start=log.earliest,
                 )
             skipped_to = min(log.earliest, end)
-            gaps.append(Gap(topic, partition, start, skipped_to))
+            gaps[partition] = Gap(topic, partition, start, skipped_to)
             start = skipped_to
         ranges[partition] = OffsetRange(partition, start, end)
     if len(unrecorded) == len(ranges) and pipeline.source.starting_offsets.kind != "latest":
@@ -158,8 +194,10 @@ def plan(
     return Plan(
         pipeline=pipeline.name,
         topic=topic,
+        table_uri=pipeline.sink.table_uri,
         until=until,
         batches=tuple(batches),
+        identity=identity,
         positions=dict(positions),
         bounds=dict(bounds),
     )
@@ -169,10 +207,11 @@ def _chunk(
     max_records: int,
     ranges: Mapping[int, OffsetRange],
     positions: Mapping[int, int | None],
-    gaps: list[Gap],
+    gaps: Mapping[int, Gap],
 ) -> list[Batch]:
     """Splits ranges into batches of at most ``max_records`` offsets, sharing each batch fairly
-    between partitions. Ranges with nothing to read (anchors, gap-only) ride in the first batch."""
+    between partitions. Ranges with nothing to read (anchors, gap-only) ride in the first batch;
+    a gap is recorded by the batch that moves its partition across it."""
     cursor = {p: r.start for p, r in ranges.items()}
     expected = {p: positions.get(p) for p in ranges}
     pending = [p for p, r in ranges.items() if r.count == 0]
@@ -190,13 +229,13 @@ def _chunk(
         batch_ranges = [OffsetRange(p, cursor[p], cursor[p] + n) for p, n in taken.items() if n > 0]
         batch_ranges += [OffsetRange(p, cursor[p], cursor[p]) for p in pending]
         batch_ranges.sort(key=lambda r: r.partition)
-        seq = len(batches)
         batches.append(
             Batch(
-                seq=seq,
+                seq=len(batches),
                 ranges=tuple(batch_ranges),
                 expected_positions={r.partition: expected[r.partition] for r in batch_ranges},
-                gaps=tuple(g for g in gaps if g.partition in {r.partition for r in batch_ranges}) if seq == 0 else (),
+                gaps=tuple(gaps[r.partition] for r in batch_ranges
+                           if r.partition in gaps and expected[r.partition] == gaps[r.partition].start),
             )
         )
         for r in batch_ranges:
@@ -204,45 +243,138 @@ def _chunk(
         pending = []
 
 
-def resolve(
-    admin: AdminClient,
+@dataclass(frozen=True)
+class TaskRange:
+    """One Spark task: offsets [start, end) of one partition, read up to ``max_bytes``."""
+
+    partition: int
+    start: int
+    end: int
+
+
+def split_tasks(
+    ranges: Mapping[int, OffsetRange], limits: Limits, bytes_per_offset: Mapping[int, float]
+) -> tuple[list[TaskRange], int]:
+    """Spark tasks for ``ranges`` and the byte budget of each.
+
+    A partition's range is cut into tasks of at most ``max_records_per_partition`` offsets. Where
+    this run has already seen how large the partition's records are, a task holds about
+    SIZE_MARGIN of ``max_bytes_per_task`` and the partition no more than its share of
+    ``max_bytes_per_commit`` (the rest waits for the next commit), so budgets rarely cut a task.
+    Every task stops at the budget, ``min(max_bytes_per_task, max_bytes_per_commit / tasks)``: neither
+    a task nor a commit exceeds its byte limit by more than one record a task, whatever the
+    records' size (a task always reads at least one record, so a run always moves on).
+    """
+    tasks: list[TaskRange] = []
+    share = limits.max_bytes_per_commit / max(1, len(ranges))
+    for partition, r in sorted(ranges.items()):
+        size, end = limits.max_records_per_partition, r.end
+        seen = bytes_per_offset.get(partition)
+        if seen:
+            size = min(size, max(1, int(SIZE_MARGIN * limits.max_bytes_per_task / seen)))
+            end = min(end, r.start + max(1, int(SIZE_MARGIN * share / seen)))
+        tasks += [TaskRange(partition, s, min(s + size, end)) for s in range(r.start, end, size)]
+    budget = min(limits.max_bytes_per_task, limits.max_bytes_per_commit // max(1, len(tasks)))
+    return tasks, max(1, budget)
+
+
+def check_continuity(
     pipeline: Pipeline,
-    bound: OffsetBound,
-    bounds: Mapping[int, PartitionBounds],
-    default: Mapping[int, int | None],
-) -> dict[int, int | None]:
-    """``bound`` as an offset per partition. ``default`` serves partitions the bound does not name."""
-    if bound.kind == "earliest":
-        return {p: b.earliest for p, b in bounds.items()}
-    if bound.kind == "latest":
-        return {p: b.latest for p, b in bounds.items()}
-    if bound.kind == "timestamp":
-        found = kafka.offsets_for_timestamp(admin, pipeline, bound.timestamp_ms, bounds)
-        # No record that recent yet: everything up to the log end is older.
-        return {p: (found[p] if found[p] is not None else b.latest) for p, b in bounds.items()}
-    unknown = sorted(set(bound.offsets) - set(bounds))
-    if unknown:
-        raise PlanError(
-            f"pipeline {pipeline.name}: topic {pipeline.source.topic} has no partition {unknown[0]} "
-            f"(partitions: {', '.join(map(str, sorted(bounds)))})"
-        )
-    return {p: bound.offsets.get(p, default[p]) for p in bounds}
+    ledger: Ledger,
+    table,
+    positions: Mapping[int, int | None],
+    identity: TopicIdentity,
+    log: Mapping[int, PartitionBounds],
+) -> None:
+    """Refuses to plan when the table's positions cannot be trusted to continue on this topic:
+    positions missing from a table that holds data or commits, another cluster, a recreated
+    topic (new topic ID), or a position beyond the log end. Nothing has been read yet."""
+    topic = pipeline.source.topic
+    where = f"pipeline {pipeline.name}: topic {topic}"
+    if table is None:
+        return
+    if all(v is None for v in positions.values()):
+        version = table.version()
+        files = table.get_add_actions(flatten=False).num_rows if version == 0 else None
+        if version > 0 or files:
+            raise PositionsMissing(
+                f"{where}: table {pipeline.sink.table_uri} (version {version}) holds commits or data but no "
+                f"positions for this pipeline and topic{_missing_hint(ledger, table)}. They expired "
+                "(delta.setTransactionRetentionDuration), the pipeline was renamed, or another tool wrote the "
+                "table; oncemore does not ingest from starting_offsets over them. Set positions deliberately: "
+                f"`oncemore reset {pipeline.name} --to earliest|latest|TIMESTAMP|'{{\"0\": OFFSET}}'`.",
+                pipeline=pipeline.name, topic=topic, table_uri=pipeline.sink.table_uri, version=version,
+            )
+        return
+    last = ledger.last_commit(table)
+    if last is not None:
+        before = last.record
+        if before.cluster_id and identity.cluster_id and before.cluster_id != identity.cluster_id:
+            raise TopicChanged(
+                f"{where}: the positions were committed (version {last.version}) reading cluster "
+                f"{before.cluster_id}, the broker at {pipeline.source.bootstrap_servers} is cluster "
+                f"{identity.cluster_id}: offsets of another cluster mean nothing here. Point the pipeline "
+                f"back, or start over deliberately with `oncemore reset {pipeline.name} --to ...`.",
+                pipeline=pipeline.name, topic=topic, committed_cluster_id=before.cluster_id,
+                cluster_id=identity.cluster_id, version=last.version,
+            )
+        if before.topic_id and identity.topic_id and before.topic_id != identity.topic_id:
+            raise TopicChanged(
+                f"{where}: the topic was deleted and recreated: positions {_positions_text(positions)} were "
+                f"committed (version {last.version}) for topic ID {before.topic_id}, the topic now has ID "
+                f"{identity.topic_id}. Its offsets start over, so nothing is read; to ingest the new topic, "
+                f"`oncemore reset {pipeline.name} --to earliest` (or latest, a timestamp, offsets).",
+                pipeline=pipeline.name, topic=topic, committed_topic_id=before.topic_id,
+                topic_id=identity.topic_id, positions=dict(positions), version=last.version,
+            )
+    for partition, position in sorted(positions.items()):
+        if position is not None and position > log[partition].latest:
+            raise TopicChanged(
+                f"{where}/{partition}: committed position {position} is beyond the log end "
+                f"{log[partition].latest} (log start {log[partition].earliest}): the topic was recreated or "
+                f"truncated. oncemore never resets positions by itself: `oncemore reset {pipeline.name} --to ...`.",
+                pipeline=pipeline.name, topic=topic, partition=partition, position=position,
+                log_end=log[partition].latest,
+            )
+
+
+def _positions_text(positions: Mapping[int, int | None]) -> str:
+    return json.dumps({str(p): v for p, v in sorted(positions.items())})
+
+
+def _missing_hint(ledger: Ledger, table) -> str:
+    """What recent history says about the missing positions: this pipeline's last ranges, or
+    which pipelines did commit here (a rename)."""
+    commits = ledger.recent_commits(50, table)
+    own = [c for c in commits if c.record.pipeline == ledger.pipeline and c.record.topic == ledger.topic]
+    if own:
+        ends = {p: end for ranges in own[0].record.ranges.values() for p, (_, end) in ranges.items()}
+        if own[0].record.reset is not None:
+            ends = dict(own[0].record.reset.to_positions)
+        return f" (its newest commit, version {own[0].version}, left positions at {json.dumps(ends, sort_keys=True)})"
+    others = sorted({f"{c.record.pipeline}/{c.record.topic}" for c in commits})
+    return f" (recent oncemore commits here are by {', '.join(others)})" if others else ""
 
 
 def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient | None = None) -> Plan:
-    """Reads the ledger and the log, then plans. Cheap: one snapshot load and a few ListOffsets."""
+    """Reads the ledger and the log, checks they still belong together, then plans."""
     admin = admin or kafka.admin_client(pipeline)
-    partitions = kafka.topic_partitions(admin, pipeline)
-    bounds = kafka.log_bounds(admin, pipeline, partitions)
-    positions = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic).committed_positions(partitions)
-    earliest = {p: b.earliest for p, b in bounds.items()}
+    state = kafka.describe_topic(admin, pipeline)
+    log = kafka.log_bounds(admin, pipeline, state.partitions)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
+    table = ledger.table()
+    positions = ledger.positions(state.partitions, table)
+    check_continuity(pipeline, ledger, table, positions, state.identity, log)
+    earliest = {p: b.earliest for p, b in log.items()}
     if all(v is None for v in positions.values()):
-        starts = resolve(admin, pipeline, pipeline.source.starting_offsets, bounds, default=earliest)
+        starts = bounds_.resolve(admin, pipeline, pipeline.source.starting_offsets, log,
+                                 range_starts={p: None for p in log}, default=earliest)
     else:
         starts = earliest  # partitions added after the first commit start at their beginning
+    range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
     # Explicit `until` offsets leave unnamed partitions where they are.
-    ends = resolve(admin, pipeline, until, bounds, default={p: None for p in bounds})
-    return plan(pipeline, positions, bounds, starts, ends, until=until.describe())
+    ends = bounds_.resolve(admin, pipeline, until, log, range_starts, default={p: None for p in log})
+    return plan(pipeline, positions, log, starts, ends, until=until.describe(), identity=state.identity)
 
 
 def describe(plan_: Plan) -> str:
@@ -260,4 +392,3 @@ def describe(plan_: Plan) -> str:
         for g in batch.gaps:
             lines.append(f"    gap {g.topic}/{g.partition}: [{g.start}, {g.end}) no longer in the log, skipped")
     return "\n".join(lines)
-

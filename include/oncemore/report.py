@@ -7,28 +7,29 @@ from typing import Any
 
 from . import kafka
 from .config import Pipeline, format_timestamp_ms
+from .errors import OncemoreError
 from .ledger import Ledger
 from .planner import Plan
 
 
-class RunNotCommitted(RuntimeError):
+class RunNotCommitted(OncemoreError):
     """The table's positions do not cover what the run planned."""
 
 
 def status(pipeline: Pipeline) -> dict[str, Any]:
-    topic = pipeline.source.topic
+    topic, options = pipeline.source.topic, pipeline.sink.storage_options
     admin = kafka.admin_client(pipeline)
-    partitions = kafka.topic_partitions(admin, pipeline)
-    bounds = kafka.log_bounds(admin, pipeline, partitions)
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-    positions = main.committed_positions(partitions)
-    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic).committed_positions(partitions)
+    state = kafka.describe_topic(admin, pipeline)
+    bounds = kafka.log_bounds(admin, pipeline, state.partitions)
+    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
+    positions = main.positions(state.partitions)
+    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options).positions(state.partitions)
     last_commit: dict[int, int] = {}
     for entry in main.recent_batches(limit=50):
-        for partition in entry.batch.ranges.get(topic, {}):
+        for partition in entry.record.ranges.get(topic, {}):
             last_commit.setdefault(int(partition), entry.timestamp_ms)
     rows = []
-    for p in partitions:
+    for p in state.partitions:
         position = positions[p]
         lag = bounds[p].latest - (position if position is not None else bounds[p].earliest)
         rows.append({
@@ -40,7 +41,8 @@ def status(pipeline: Pipeline) -> dict[str, Any]:
             "lag": max(lag, 0),
             "last_commit": format_timestamp_ms(last_commit[p]) if p in last_commit else None,
         })
-    return {"pipeline": pipeline.name, "topic": topic, "table_uri": pipeline.sink.table_uri, "partitions": rows}
+    return {"pipeline": pipeline.name, "topic": topic, "topic_id": state.identity.topic_id,
+            "table_uri": pipeline.sink.table_uri, "partitions": rows}
 
 
 def format_status(data: dict[str, Any]) -> str:
@@ -55,27 +57,26 @@ def format_status(data: dict[str, Any]) -> str:
 def verify_run(pipeline: Pipeline, plan: Plan, run_id: str) -> dict[str, Any]:
     """Checks that the table's positions reach every planned end and sums what ``run_id`` committed.
 
-    Raises RunNotCommitted otherwise: a run that reports success must have its commit in the log
+    Raises RunNotCommitted otherwise: a run that reports success must have its commits in the log
     (or find that another run committed the same range)."""
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic)
-    planned_ends: dict[int, int] = {}
-    for batch in plan.batches:
-        for r in batch.ranges:
-            planned_ends[r.partition] = max(planned_ends.get(r.partition, r.end), r.end)
-    positions = ledger.committed_positions(planned_ends)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
+    planned_ends = plan.ends()
+    positions = ledger.positions(planned_ends)
     short = {p: (positions[p], end) for p, end in planned_ends.items() if positions[p] is None or positions[p] < end}
     if short:
         detail = ", ".join(f"{plan.topic}/{p}: position {pos}, planned end {end}" for p, (pos, end) in sorted(short.items()))
-        raise RunNotCommitted(f"pipeline {pipeline.name}: run {run_id} planned ranges the table does not hold ({detail})")
-    commits = [e for e in ledger.recent_batches(limit=len(plan.batches) + 50) if e.batch.run_id == run_id]
+        raise RunNotCommitted(f"pipeline {pipeline.name}: run {run_id} planned ranges the table does not hold ({detail})",
+                              pipeline=pipeline.name, topic=plan.topic, short=short)
+    # A batch cut by byte budgets takes several commits; look back far enough for all of them.
+    commits = [e for e in ledger.recent_batches(limit=4 * len(plan.batches) + 50) if e.record.run_id == run_id]
     return {
         "pipeline": pipeline.name,
         "run_id": run_id,
         "status": "committed" if commits else "no-op",
         "commits": sorted(e.version for e in commits),
         "records": {
-            "written": sum(e.batch.records["written"] for e in commits),
-            "quarantined": sum(e.batch.records["quarantined"] for e in commits),
+            "written": sum(e.record.records["written"] for e in commits),
+            "quarantined": sum(e.record.records["quarantined"] for e in commits),
         },
         "partitions": status(pipeline)["partitions"],
     }

@@ -1,32 +1,31 @@
-"""One run end to end: plan -> no-op, or per batch a Spark job that writes files -> commits.
+"""One run end to end: plan -> no-op, or per batch Spark jobs that write files -> commits.
 
-An empty plan returns before pyspark is even imported: a rerun of finished work costs one snapshot
-load and a few ListOffsets requests.
+A batch runs from the table's *current* positions to its planned ends, so a retried, rerun or
+partly committed plan does exactly the part the table does not hold yet, and a plan the table
+already holds is a no-op that never starts Spark. Byte budgets may cut a batch short: the part
+read is committed, and the rest of the batch follows in the next commit of the same batch_seq.
+An empty plan returns before pyspark is even imported.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import sys
-import tempfile
 import time
 import uuid
-import zipfile
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Callable
 
-from .config import SECRET_KEY_PATTERN, OffsetBound, Pipeline
+from . import kafka
+from .committer import CommitOutcome, commit, covered_prefix, delete_files, ensure_tables, validate_files
+from .config import OffsetBound, Pipeline
+from .errors import CommitConflict, StalePlan, TopicChanged
 from .kafka import consumer_config
-from .ledger import BatchRecord, Ledger
-from .planner import LATEST, Batch, Plan, describe, plan_run
+from .ledger import CommitRecord, Ledger
+from .planner import LATEST, Batch, OffsetRange, Plan, describe, plan_run, split_tasks
 from .schema import QUARANTINE_SCHEMA
-from .sink import (
-    CommitConflict, CommitOutcome, DataFile, TaskSpec, already_committed, commit_batch, delete_files, ensure_table,
-    validate_files,
-)
+from .storage import table_location
+from .writer import TaskResult, TaskSpec, task_result
 
 log = logging.getLogger("oncemore")
 
@@ -35,11 +34,11 @@ log = logging.getLogger("oncemore")
 class BatchReport:
     seq: int
     ranges: dict[int, tuple[int, int]]
-    status: str  # "committed" | "already_committed" | "lost_race"
+    status: str = "already_committed"  # "committed" once one of its commits is ours
     written: int = 0
     quarantined: int = 0
-    version: int | None = None
-    quarantine_version: int | None = None
+    versions: list[int] = field(default_factory=list)
+    quarantine_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -52,9 +51,7 @@ class RunReport:
 
     @property
     def status(self) -> str:
-        if any(b.status == "committed" for b in self.batches):
-            return "committed"
-        return "no-op"
+        return "committed" if any(b.status == "committed" for b in self.batches) else "no-op"
 
     @property
     def written(self) -> int:
@@ -66,12 +63,173 @@ class RunReport:
 
     def summary(self) -> str:
         if self.status == "no-op":
-            why = "nothing new to ingest" if self.plan.is_empty else "every batch was already committed by another run"
+            why = "nothing new to ingest" if self.plan.is_empty else "the table already holds this plan"
             return f"{self.pipeline}: no-op ({why}) in {self.seconds:.1f}s"
         committed = [b for b in self.batches if b.status == "committed"]
         return (
             f"{self.pipeline}: committed {len(committed)} batch(es), {self.written} records written, "
-            f"{self.quarantined} quarantined, table version {committed[-1].version}, in {self.seconds:.1f}s"
+            f"{self.quarantined} quarantined, table version {max(committed[-1].versions)}, in {self.seconds:.1f}s"
+        )
+
+
+class _Run:
+    """The state of one run: the pipeline's two ledgers, the Spark session once needed, and what
+    this run has learned of its partitions' record sizes."""
+
+    def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object]):
+        self.pipeline, self.plan, self.run_id = pipeline, plan, run_id
+        topic, options = pipeline.source.topic, pipeline.sink.storage_options
+        self.main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
+        self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
+        self.where = f"pipeline {pipeline.name}: {topic}"
+        self._spark_factory, self._spark = spark_factory, None
+        self.bytes_per_offset: dict[int, float] = {}
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            self._spark = self._spark_factory()
+        return self._spark
+
+    def holds(self, batch: Batch) -> bool:
+        """The table already holds the whole batch (a retry or rerun of finished work)."""
+        positions = self.main.positions(batch.expected_positions)
+        return all(positions[r.partition] is not None and positions[r.partition] >= r.end for r in batch.ranges)
+
+    def ingest(self, batch: Batch) -> BatchReport:
+        report = BatchReport(batch.seq, {r.partition: (r.start, r.end) for r in batch.ranges})
+        partitions = sorted(self.plan.bounds)
+        while True:
+            positions = self.main.positions(batch.expected_positions)
+            left = batch.remaining(positions, self.where)
+            if not left:
+                return report
+            self._ingest_part(batch, positions, left, partitions, report)
+            if self.main.positions(batch.expected_positions) == positions:
+                raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {positions}",
+                                     positions=positions)
+
+    def _ingest_part(self, batch: Batch, positions, left: dict[int, OffsetRange], partitions, report: BatchReport) -> None:
+        """Reads what is left of the batch (up to the byte budgets) and commits what was read."""
+        pipeline = self.pipeline
+        quarantine_positions = self.quarantine.positions(left)
+        # The quarantine table keeps only rows at or after its own position (heals a crash
+        # between the quarantine commit and the main commit).
+        floors = {p: max(r.start, quarantine_positions[p] or 0) for p, r in left.items()}
+        tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, pipeline.limits, self.bytes_per_offset)
+        results = self._write_files(tasks, budget, floors) if tasks else []
+        self._learn_sizes(results)
+        ends, kept, dropped = covered_prefix(results, {p: r.start for p, r in left.items()})
+        self._discard([f for r in dropped for f in r.files])
+        files = [f for r in kept for f in r.files]
+        main_files = [f for f in files if f.table == "main"]
+        quarantine_files = [f for f in files if f.table == "quarantine"]
+        read = {p: (left[p].start, ends[p]) for p in left}
+        options = pipeline.sink.storage_options
+        validate_files(pipeline.sink.table_uri, main_files, pipeline.table_schema(), pipeline.sink.partition_by, read, options)
+        validate_files(pipeline.sink.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, options)
+        written = sum(f.num_records for f in main_files)
+        quarantined = sum(f.num_records for f in quarantine_files)
+        record = CommitRecord(
+            pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=self.plan.until,
+            ranges={pipeline.source.topic: {str(p): [s, e] for p, (s, e) in sorted(read.items())}},
+            records={"written": written, "quarantined": quarantined},
+            gaps=[g for g in batch.gaps if positions.get(g.partition) == g.start],
+            topic=pipeline.source.topic, topic_id=self.plan.identity.topic_id,
+            cluster_id=self.plan.identity.cluster_id, bytes_read=sum(r.bytes_read for r in kept),
+        )
+        new_positions = {p: e for p, (_, e) in read.items()}
+        if quarantine_files:
+            touched = {f.kafka_partition for f in quarantine_files}
+            outcome = self._commit(self.quarantine, quarantine_files, {p: quarantine_positions[p] for p in touched},
+                                   {p: new_positions[p] for p in touched}, partitions, record)
+            if outcome.version is not None:
+                report.quarantine_versions.append(outcome.version)
+        outcome = self._commit(self.main, main_files, {p: positions[p] for p in left}, new_positions, partitions, record)
+        if outcome.status == "committed":
+            report.status = "committed"
+            report.written += written
+            report.quarantined += quarantined
+            report.versions.append(outcome.version)
+        log.info("%s: batch %d %s %s (%d written, %d quarantined)", pipeline.name, batch.seq, outcome.status,
+                 {p: list(r) for p, r in read.items()}, written, quarantined)
+
+    def _commit(self, ledger: Ledger, files, expected, new_positions, partitions, record) -> CommitOutcome:
+        try:
+            outcome = commit(ledger, files, expected, new_positions, partitions, record)
+        except CommitConflict as conflict:
+            if not conflict.evidence.get("attempted"):  # refused before any commit attempt: the files are ours alone
+                delete_files(ledger.table_uri, files, ledger.storage_options)
+            # The batch loop re-reads the positions and goes on from wherever they are now.
+            log.warning("%s: %s; continuing from the new positions", self.pipeline.name, conflict)
+            return CommitOutcome("conflict", None)
+        if outcome.status == "already_committed":
+            log.warning("%s: %s already holds this range (another run committed it); dropping our files",
+                        self.pipeline.name, ledger.table_uri)
+            delete_files(ledger.table_uri, files, ledger.storage_options)
+        elif outcome.status == "lost_race":
+            # After a commit attempt the files are left alone; vacuum(full=True) removes them.
+            log.warning("%s: %s: a concurrent run committed this range first", self.pipeline.name, ledger.table_uri)
+        return outcome
+
+    def _discard(self, files) -> None:
+        pipeline = self.pipeline
+        for table_name, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
+            delete_files(uri, [f for f in files if f.table == table_name], pipeline.sink.storage_options)
+
+    def _learn_sizes(self, results: list[TaskResult]) -> None:
+        for result in results:
+            if result.reached > result.start and result.bytes_read:
+                self.bytes_per_offset[result.kafka_partition] = result.bytes_read / (result.reached - result.start)
+
+    def _write_files(self, tasks, budget: int, floors: dict[int, int]) -> list[TaskResult]:
+        """One Spark job: each task reads its range (up to ``budget`` bytes), decodes it and writes
+        Parquet files; the driver gets back one manifest row per task."""
+        from .source import INGEST_NAME  # imports pyspark: only once there is work to do
+
+        pipeline = self.pipeline
+        spec = TaskSpec(
+            format_type=pipeline.format.type, schema_ddl=pipeline.format.schema, table_uri=pipeline.sink.table_uri,
+            quarantine_uri=pipeline.sink.quarantine_uri, partition_by=pipeline.sink.partition_by,
+            quarantine_floors=floors, storage_options=dict(pipeline.sink.storage_options),
+        )
+        reader = (
+            self.spark.read.format(INGEST_NAME)
+            .option("pipeline", pipeline.name)
+            .option("topic", pipeline.source.topic)
+            .option("tasks", json.dumps([[t.partition, t.start, t.end] for t in tasks]))
+            .option("maxBytesPerTask", str(budget))
+            .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
+            .option("sink", spec.to_json())
+        )
+        for key, value in consumer_config(pipeline).items():
+            reader = reader.option(f"kafka.{key}", value)
+        return [task_result(row.asDict()) for row in reader.load().collect()]
+
+
+def check_plan(pipeline: Pipeline, plan: Plan) -> None:
+    """A handed plan must be this pipeline's, for its topic and table, and the topic must still be
+    the one it was planned on (a recreated topic restarts its offsets)."""
+    where = f"pipeline {pipeline.name}: topic {pipeline.source.topic}"
+    mismatches = [
+        (what, planned, configured) for what, planned, configured in (
+            ("pipeline", plan.pipeline, pipeline.name),
+            ("topic", plan.topic, pipeline.source.topic),
+            ("table", table_location(plan.table_uri), table_location(pipeline.sink.table_uri)),
+        ) if planned != configured
+    ]
+    if mismatches:
+        what, planned, configured = mismatches[0]
+        raise StalePlan(f"{where}: the plan is for {what} {planned}, the pipeline's is {configured}",
+                        planned=planned, configured=configured)
+    identity = kafka.describe_topic(kafka.admin_client(pipeline), pipeline).identity
+    planned = plan.identity
+    if (planned.topic_id and identity.topic_id and planned.topic_id != identity.topic_id) or (
+            planned.cluster_id and identity.cluster_id and planned.cluster_id != identity.cluster_id):
+        raise TopicChanged(
+            f"{where}: the plan was made for topic ID {planned.topic_id} on cluster {planned.cluster_id}, the "
+            f"broker now has topic ID {identity.topic_id} on cluster {identity.cluster_id}; nothing was read",
+            planned_topic_id=planned.topic_id, topic_id=identity.topic_id,
         )
 
 
@@ -84,155 +242,22 @@ def run(
 ) -> RunReport:
     started = time.monotonic()
     run_id = run_id or f"oncemore-{uuid.uuid4().hex[:12]}"
-    plan = plan or plan_run(pipeline, until)
+    if plan is None:
+        plan = plan_run(pipeline, until)
+    else:
+        check_plan(pipeline, plan)
     report = RunReport(pipeline.name, run_id, plan)
-    if plan.is_empty:
+    if spark_factory is None:
+        from .spark import spark_session as spark_factory
+    state = _Run(pipeline, plan, run_id, spark_factory)
+    pending = [batch for batch in plan.batches if not state.holds(batch)]
+    if not pending:
+        report.batches = [BatchReport(b.seq, {r.partition: (r.start, r.end) for r in b.ranges}) for b in plan.batches]
         report.seconds = time.monotonic() - started
         return report
     log.info("%s", describe(plan))
-    main_schema = pipeline.table_schema()
-    ensure_table(pipeline.sink.table_uri, main_schema, pipeline.sink.partition_by, pipeline.name,
-                 f"oncemore pipeline {pipeline.name}: topic {pipeline.source.topic}")
-    ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-                 f"oncemore quarantine of pipeline {pipeline.name}: records that failed to decode")
-    spark = (spark_factory or spark_session)()
+    ensure_tables(pipeline)
     for batch in plan.batches:
-        batch_report = ingest_batch(spark, pipeline, plan, batch, run_id)
-        report.batches.append(batch_report)
-        log.info("%s: batch %d %s (%d written, %d quarantined)", pipeline.name, batch.seq, batch_report.status,
-                 batch_report.written, batch_report.quarantined)
+        report.batches.append(state.ingest(batch))
     report.seconds = time.monotonic() - started
     return report
-
-
-def ingest_batch(spark, pipeline: Pipeline, plan: Plan, batch: Batch, run_id: str) -> BatchReport:
-    topic = pipeline.source.topic
-    ranges = {r.partition: (r.start, r.end) for r in batch.ranges}
-    new_positions = {p: end for p, (_, end) in ranges.items()}
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-
-    # Checked before the Spark job too, so a finished or conflicting batch costs no work.
-    if already_committed(pipeline.sink.table_uri, topic, main.committed_positions(ranges),
-                         batch.expected_positions, new_positions):
-        return BatchReport(batch.seq, ranges, "already_committed")
-    # The quarantine table keeps only rows at or after its own position (heals a crash between
-    # the quarantine commit and the main commit).
-    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic).committed_positions(ranges)
-    floors = {p: max(start, quarantine_positions[p] or 0) for p, (start, _) in ranges.items()}
-
-    files = write_batch_files(spark, pipeline, batch, floors) if batch.offset_count else []
-    main_files = [f for f in files if f.table == "main"]
-    quarantine_files = [f for f in files if f.table == "quarantine"]
-    validate_files(pipeline.sink.table_uri, main_files, pipeline.table_schema(), pipeline.sink.partition_by, ranges)
-    validate_files(pipeline.sink.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), ranges)
-    written = sum(f.num_records for f in main_files)
-    quarantined = sum(f.num_records for f in quarantine_files)
-
-    record = BatchRecord(
-        pipeline=pipeline.name,
-        batch_seq=batch.seq,
-        run_id=run_id,
-        until=plan.until,
-        ranges={topic: {str(p): [s, e] for p, (s, e) in sorted(ranges.items())}},
-        records={"written": written, "quarantined": quarantined},
-        gaps=list(batch.gaps),
-    )
-    quarantine_outcome = CommitOutcome("already_committed", None)
-    if quarantine_files:
-        touched = {f.kafka_partition for f in quarantine_files}
-        quarantine_outcome = _commit(
-            pipeline.sink.quarantine_uri, pipeline, quarantine_files,
-            {p: quarantine_positions[p] for p in touched}, {p: new_positions[p] for p in touched}, record,
-        )
-    outcome = _commit(pipeline.sink.table_uri, pipeline, main_files, batch.expected_positions, new_positions, record)
-    return BatchReport(batch.seq, ranges, outcome.status, written if outcome.status == "committed" else 0,
-                       quarantined if outcome.status == "committed" else 0, outcome.version,
-                       quarantine_outcome.version)
-
-
-def _commit(table_uri, pipeline, files, expected, new_positions, record) -> CommitOutcome:
-    try:
-        outcome = commit_batch(table_uri, pipeline.name, pipeline.source.topic, files, expected, new_positions, record)
-    except CommitConflict:
-        delete_files(table_uri, files)  # refused before any commit attempt: these files are ours alone
-        raise
-    if outcome.status == "already_committed":
-        log.warning("%s: %s already holds this range (another run committed it); dropping our files",
-                    pipeline.name, table_uri)
-        delete_files(table_uri, files)
-    elif outcome.status == "lost_race":
-        # After a commit attempt the files are left alone; vacuum(full=True) removes them.
-        log.warning("%s: %s: a concurrent run committed this range first", pipeline.name, table_uri)
-    return outcome
-
-
-def write_batch_files(spark, pipeline: Pipeline, batch: Batch, quarantine_floors: dict[int, int]) -> list[DataFile]:
-    """Runs the Spark job of one batch: each task reads its range, decodes it and writes Parquet
-    files; the driver gets back only the files' manifest."""
-    from .source import INGEST_NAME, offsets_option  # imports pyspark: only once there is work to do
-
-    topic = pipeline.source.topic
-    spec = TaskSpec(
-        format_type=pipeline.format.type,
-        schema_ddl=pipeline.format.schema,
-        table_uri=pipeline.sink.table_uri,
-        quarantine_uri=pipeline.sink.quarantine_uri,
-        partition_by=pipeline.sink.partition_by,
-        quarantine_floors=quarantine_floors,
-    )
-    reader = (
-        spark.read.format(INGEST_NAME)
-        .option("pipeline", pipeline.name)
-        .option("topic", topic)
-        .option("startingOffsets", offsets_option(topic, {r.partition: r.start for r in batch.ranges if r.count}))
-        .option("endingOffsets", offsets_option(topic, {r.partition: r.end for r in batch.ranges if r.count}))
-        .option("maxRecordsPerPartition", str(pipeline.limits.max_records_per_partition))
-        .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
-        .option("sink", spec.to_json())
-    )
-    for key, value in consumer_config(pipeline).items():
-        reader = reader.option(f"kafka.{key}", value)
-    return [DataFile(**row.asDict()) for row in reader.load().collect()]
-
-
-# ---------------------------------------------------------------------------------------------
-# Spark session
-
-
-def spark_session(master: str | None = None):
-    """A Spark session able to run oncemore jobs: the package shipped to executors, the source registered."""
-    from pyspark.sql import SparkSession
-
-    from .source import KafkaIngestDataSource, KafkaRangeDataSource
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName("oncemore")
-    master = master or os.environ.get("ONCEMORE_SPARK_MASTER")
-    if master:
-        builder = builder.master(master)
-    spark = (
-        builder.config("spark.sql.session.timeZone", "UTC")
-        # librdkafka settings travel as data source options (kafka.*): keep their secrets out of
-        # plans, logs and the UI (Spark's default patterns miss sasl.jaas.config).
-        .config("spark.redaction.regex", f"(?i){SECRET_KEY_PATTERN}")
-        .config("spark.sql.redaction.options.regex", f"(?i){SECRET_KEY_PATTERN}|url")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
-        spark.sparkContext.addPyFile(package_zip())
-    spark.dataSource.register(KafkaRangeDataSource)
-    spark.dataSource.register(KafkaIngestDataSource)
-    return spark
-
-
-@lru_cache(maxsize=1)
-def package_zip() -> str:
-    """The oncemore package as a zip for --py-files / addPyFile (executors must not rely on the driver's cwd)."""
-    package = Path(__file__).resolve().parent
-    target = Path(tempfile.mkdtemp(prefix="oncemore-pkg-")) / "oncemore.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(package.rglob("*.py")):
-            archive.write(path, path.relative_to(package.parent))
-    return str(target)

@@ -25,6 +25,10 @@ KAFKA_RECORD_SCHEMA = pa.schema(
     ]
 )
 
+# What a task reads before decoding: those columns plus Kafka's raw timestamp in milliseconds
+# (``timestamp`` is null where a microsecond timestamp cannot hold it).
+RECORD_SCHEMA = KAFKA_RECORD_SCHEMA.append(pa.field("timestamp_ms", pa.int64()))
+
 METADATA_FIELDS = [
     pa.field("_kafka_topic", pa.string(), nullable=False),
     pa.field("_kafka_partition", pa.int32(), nullable=False),

@@ -2,50 +2,34 @@
 
 ``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
 key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
-to look at a range in Spark.
+to look at a range in Spark. Options follow Spark's Kafka source: ``topic``, ``startingOffsets``
+and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
+``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
 
-``oncemore_ingest`` is what runs do: each task streams its range through the decoder into
-Parquet files in the tables' directories and yields only the files' manifest rows. Records
-never cross into the JVM: a round trip from the source to a mapInArrow stage cost more than
-reading, parsing and writing together (measured: 91k rec/s that way on 2 cores).
-
-Options follow Spark's Kafka source: ``topic``, ``startingOffsets`` and ``endingOffsets`` as
-``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``, ``maxRecordsPerPartition``; plus
-``stallTimeoutMs``, ``pipeline`` (named in errors) and, for ``oncemore_ingest``, ``sink``
-(a JSON TaskSpec).
-
-Each task reads [start, end) of one partition with read_committed and stops once the consumer's
-position reaches ``end``: offsets held by transaction markers, aborted or compacted records are
-never delivered, so counting records would wait forever.
+``oncemore_ingest`` is what runs do: option ``tasks`` lists the task ranges ``[[partition,
+start, end], ...]``; each task streams its range through the decoder into Parquet files in the
+tables' directories, stops at ``maxBytesPerTask`` key + value bytes, and yields one manifest row
+(writer.TaskResult). Records never cross into the JVM: a round trip from the source to a
+mapInArrow stage cost more than reading, parsing and writing together (measured: 91k rec/s that
+way on 2 cores). ``sink`` carries the writer.TaskSpec as JSON.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from .schema import KAFKA_RECORD_SCHEMA, TIMESTAMP
-from .sink import MANIFEST_SCHEMA, TaskSpec, manifest_batch, write_task_files
+from .records import RangeRecords
+from .schema import KAFKA_RECORD_SCHEMA
+from .writer import MANIFEST_SCHEMA, TaskSpec, manifest_batch, write_task
 
 NAME = "oncemore_kafka"
 INGEST_NAME = "oncemore_ingest"
-# ~50k rows per Arrow batch measured fastest into Spark (PLATFORM.md); memory stays bounded by it.
-ARROW_BATCH_ROWS = 50_000
-_POLL_SECONDS = 0.5
-# confluent-kafka timestamp types to Spark's timestampType (0 CreateTime, 1 LogAppendTime).
-_SPARK_TIMESTAMP_TYPE = {1: 0, 2: 1}
-
-
-class KafkaReadError(RuntimeError):
-    pass
 
 
 class KafkaRangePartition(InputPartition):
@@ -67,6 +51,21 @@ def offsets_option(topic: str, offsets: dict[int, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
 
 
+class _RangeReader(DataSourceReader):
+    """Options shared by both sources, and the records of one task."""
+
+    def __init__(self, options):
+        self.topic = options["topic"]
+        self.pipeline = options.get("pipeline", "?")
+        self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
+        self.kafka_config = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
+
+    def records(self, split: KafkaRangePartition, max_bytes: int | None = None) -> RangeRecords:
+        where = f"pipeline {self.pipeline}: {split.topic}/{split.partition}"
+        return RangeRecords(self.kafka_config, split.topic, split.partition, split.start, split.end,
+                            self.stall_timeout, where, max_bytes)
+
+
 class KafkaRangeDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -79,10 +78,9 @@ class KafkaRangeDataSource(DataSource):
         return KafkaRangeReader(self.options)
 
 
-class KafkaRangeReader(DataSourceReader):
+class KafkaRangeReader(_RangeReader):
     def __init__(self, options):
-        self.topic = options["topic"]
-        self.pipeline = options.get("pipeline", "?")
+        super().__init__(options)
         starting = json.loads(options["startingOffsets"]).get(self.topic, {})
         ending = json.loads(options["endingOffsets"]).get(self.topic, {})
         missing = sorted(set(starting) ^ set(ending))
@@ -90,8 +88,6 @@ class KafkaRangeReader(DataSourceReader):
             raise ValueError(f"{self.topic}/{missing[0]}: startingOffsets and endingOffsets must name the same partitions")
         self.ranges = sorted((int(p), int(starting[p]), int(ending[p])) for p in starting)
         self.max_records = int(options.get("maxRecordsPerPartition", 1 << 62))
-        self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
-        self.kafka_config = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
 
     def partitions(self) -> list[KafkaRangePartition]:
         parts = []
@@ -102,12 +98,8 @@ class KafkaRangeReader(DataSourceReader):
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
         if split is None:  # Spark calls read(None) once when partitions() is empty
             return
-        yield from self.records(split)
-
-    def records(self, split: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
-        return read_range(
-            self.kafka_config, split.topic, split.partition, split.start, split.end, self.stall_timeout, self.pipeline
-        )
+        for batch in self.records(split):
+            yield batch.select(KAFKA_RECORD_SCHEMA.names)
 
 
 class KafkaIngestDataSource(DataSource):
@@ -122,94 +114,17 @@ class KafkaIngestDataSource(DataSource):
         return KafkaIngestReader(self.options)
 
 
-class KafkaIngestReader(KafkaRangeReader):
+class KafkaIngestReader(_RangeReader):
     def __init__(self, options):
         super().__init__(options)
+        self.tasks = [tuple(t) for t in json.loads(options["tasks"])]
+        self.max_bytes = int(options["maxBytesPerTask"])
         self.spec = TaskSpec.from_json(options["sink"])
+
+    def partitions(self) -> list[KafkaRangePartition]:
+        return [KafkaRangePartition(self.topic, p, s, e) for p, s, e in self.tasks]
 
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
         if split is None:
             return
-        files = write_task_files(self.records(split), self.spec)
-        if files:
-            yield manifest_batch(files)
-
-
-def read_range(
-    kafka_config: dict, topic: str, partition: int, start: int, end: int, stall_timeout: float, pipeline: str = "?"
-) -> Iterator[pa.RecordBatch]:
-    """Records of ``topic/partition`` in [start, end) as Arrow batches of KAFKA_RECORD_SCHEMA."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    where = f"pipeline {pipeline}: {topic}/{partition}"
-    consumer = Consumer(kafka_config)
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        position, last_progress = start, time.monotonic()
-        columns = _Columns()
-        while position < end:
-            messages = consumer.consume(num_messages=10_000, timeout=_POLL_SECONDS)
-            if messages:
-                if messages[-1].offset() >= end:
-                    messages = [m for m in messages if m.offset() < end]
-                    new_position = end
-                else:
-                    new_position = messages[-1].offset() + 1
-                if messages and messages[0].offset() < position:
-                    raise KafkaReadError(f"{where}: broker returned offset {messages[0].offset()} before position {position}")
-                # Fields are copied out at once: read later, from many held messages, they cost ~3x more.
-                columns.add(messages, where, position)
-            else:
-                # Transaction markers (and aborted records) advance the position without a message.
-                new_position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if new_position > position:
-                position, last_progress = new_position, time.monotonic()
-            elif time.monotonic() - last_progress > stall_timeout:
-                raise KafkaReadError(
-                    f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range "
-                    f"[{start}, {end}): the records are missing from the broker (deleted, or the topic was recreated)"
-                )
-            if columns.count >= ARROW_BATCH_ROWS:
-                yield columns.take_batch(topic, partition)
-        if columns.count:
-            yield columns.take_batch(topic, partition)
-    finally:
-        consumer.close()
-
-
-class _Columns:
-    """Column lists of the records read so far, turned into one Arrow batch at a time."""
-
-    def __init__(self):
-        self.keys, self.values, self.offsets, self.timestamps = [], [], [], []
-
-    @property
-    def count(self) -> int:
-        return len(self.offsets)
-
-    def add(self, messages: list, where: str, position: int) -> None:
-        errors = [m.error() for m in messages if m.error() is not None]
-        if errors:
-            raise KafkaReadError(f"{where}: read failed near offset {position}: {errors[0]}")
-        self.keys += [m.key() for m in messages]
-        self.values += [m.value() for m in messages]
-        self.offsets += [m.offset() for m in messages]
-        self.timestamps += [m.timestamp() for m in messages]
-
-    def take_batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        count = self.count
-        millis = pa.array([t[1] if t[0] else None for t in self.timestamps], pa.int64())
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([topic])).cast(pa.string()),
-                pa.array(np.full(count, partition, np.int32)),
-                pa.array(self.offsets, pa.int64()),
-                pc.multiply(millis, 1000).cast(TIMESTAMP),
-                pa.array([_SPARK_TIMESTAMP_TYPE.get(t[0], -1) for t in self.timestamps], pa.int32()),
-            ],
-            schema=KAFKA_RECORD_SCHEMA,
-        )
-        self.__init__()
-        return batch
+        yield manifest_batch(write_task(self.records(split, self.max_bytes), self.spec))

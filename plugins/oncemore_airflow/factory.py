@@ -9,7 +9,7 @@ from airflow.sdk import DAG, Asset, Param
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from oncemore.config import ConfigError, Pipeline, load_all
-from oncemore.sink import table_location
+from oncemore.storage import table_location
 
 from oncemore_airflow.operators import OncemoreIngestOperator, OncemorePlanOperator, OncemoreReportOperator
 

@@ -6,6 +6,7 @@ Thin: the work is the core package's; these only bind it to a run's context.
 from __future__ import annotations
 
 import json
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from oncemore.cli import KAFKA_OVERRIDES_ENV
 from oncemore.config import OffsetBound
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import verify_run
-from oncemore.runner import package_zip
+from oncemore.spark import package_zip
 
 from oncemore_airflow.hooks import OncemoreHook
 
@@ -60,25 +61,30 @@ class OncemorePlanOperator(BaseOperator, SkipMixin):
 
 
 class OncemoreIngestOperator(SparkSubmitOperator):
-    """spark-submit of ``spark_jobs/ingest.py`` with the planned ranges; the job re-verifies the
-    positions before each commit. The core package travels as --py-files; Kafka settings from
-    the connection travel in the job's environment, never on its command line."""
+    """spark-submit of ``spark_jobs/ingest.py`` with the plan task's plan; the job checks it
+    against the table's positions and the topic before reading, and again before each commit.
+
+    The plan travels in a file (a plan of many partitions and batches outgrows a command-line
+    argument), the core package as --py-files, Kafka settings from the connection in the job's
+    environment: never on its command line."""
 
     def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
-        super().__init__(
-            application=str(SPARK_JOB),
-            application_args=["--config", config_path, "--plan", f"{{{{ ti.xcom_pull(task_ids='{plan_task_id}', key='{PLAN_XCOM_KEY}') }}}}",
-                              "--run-id", "{{ run_id }}"],
-            **kwargs,
-        )
-        self.config_path, self.kafka_conn_id = config_path, kafka_conn_id
+        super().__init__(application=str(SPARK_JOB), **kwargs)
+        self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
 
     def execute(self, context) -> None:
         self.py_files = package_zip()
         overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
         if overrides:
             self.env_vars = {**(self.env_vars or {}), KAFKA_OVERRIDES_ENV: json.dumps(overrides)}
-        return super().execute(context)
+        plan = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
+        # The driver runs here (client mode: the only one Spark offers Python on a standalone cluster).
+        with tempfile.TemporaryDirectory(prefix="oncemore-plan-") as directory:
+            plan_file = Path(directory) / "plan.json"
+            plan_file.write_text(plan)
+            self.application_args = ["--config", self.config_path, "--plan-file", str(plan_file),
+                                     "--run-id", context["run_id"]]
+            return super().execute(context)
 
 
 class OncemoreReportOperator(BaseOperator):

@@ -1,19 +1,37 @@
-"""The driver-side guards: position checks before a commit, and validation of added files."""
+"""The driver-side guards: position checks before a commit, validation of added files, and which
+task results a commit may take when byte budgets cut tasks short."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
+from oncemore.committer import already_committed, covered_prefix, validate_files
+from oncemore.errors import CommitConflict, InvalidDataFile
+from oncemore.ledger import Ledger
 from oncemore.schema import QUARANTINE_SCHEMA
-from oncemore.sink import CommitConflict, InvalidDataFile, TableWriter, already_committed, validate_files
+from oncemore.writer import TableWriter, TaskResult
 
 
 def test_positions_at_the_batch_start_commit_past_its_end_are_done_anything_else_conflicts():
-    assert already_committed("t", "orders", {0: 10, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5}) is False
-    assert already_committed("t", "orders", {0: 20, 1: 9}, {0: 10, 1: None}, {0: 20, 1: 5}) is True
+    ledger = Ledger("t", "p", "orders")
+    assert already_committed(ledger, {0: 10, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5}) is False
+    assert already_committed(ledger, {0: 20, 1: 9}, {0: 10, 1: None}, {0: 20, 1: 5}) is True
     with pytest.raises(CommitConflict, match=r"orders/0: expected 10, found 15, batch ends at 20"):
-        already_committed("t", "orders", {0: 15, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5})
+        already_committed(ledger, {0: 15, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5})
+
+
+def result(partition, start, end, reached):
+    return TaskResult(partition, start, end, reached, 0, ())
+
+
+def test_a_commit_takes_each_partition_up_to_the_first_task_cut_short_and_drops_what_follows():
+    results = [result(0, 0, 100, 100), result(0, 100, 200, 150), result(0, 200, 300, 300),
+               result(1, 5, 50, 50), result(2, 0, 10, 10)]
+    ends, kept, dropped = covered_prefix(reversed(results), {0: 0, 1: 5, 2: 0, 3: 7})
+    assert ends == {0: 150, 1: 50, 2: 10, 3: 7}
+    assert sorted((r.kafka_partition, r.start) for r in kept) == [(0, 0), (0, 100), (1, 5), (2, 0)]
+    assert [(r.kafka_partition, r.start) for r in dropped] == [(0, 200)]
 
 
 def rows(offsets) -> pa.Table:

@@ -1,0 +1,215 @@
+"""Driver side of the sink: validate what the tasks wrote, then commit it with the new positions.
+
+The commit is the only place positions move. It re-reads them from a fresh snapshot, refuses to
+move them from anything but the expected ones, and puts add actions, txn actions (the moved
+positions and every other held one, re-stated) and the commit record in one Delta commit.
+delta-rs neither checks txn versions nor validates added files; both are done here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
+
+from .config import Pipeline
+from .errors import CommitConflict, InvalidDataFile
+from .ledger import METADATA_KEY, CommitRecord, Ledger, open_table
+from .schema import QUARANTINE_SCHEMA
+from .storage import filesystem, table_location
+from .writer import DataFile, TaskResult
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    status: str  # "committed" | "already_committed" (checked before trying) | "lost_race" (a concurrent commit won)
+    version: int | None
+
+
+def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
+                 storage_options: Mapping[str, str] | None = None) -> DeltaTable:
+    """Opens the table, creating it when missing; fails clearly if its schema is not ``schema``."""
+    location = table_location(table_uri)
+    options = dict(storage_options) if storage_options else None
+    table = open_table(location, options)
+    if table is None:
+        try:
+            table = DeltaTable.create(
+                location, schema, mode="error", partition_by=list(partition_by) or None, name=name,
+                description=description, storage_options=options,
+            )
+        except Exception:
+            # Another run created it first (version 0 exists): use theirs.
+            table = open_table(location, options)
+            if table is None:
+                raise
+    expected = Schema.from_arrow(schema).to_json()
+    if table.schema().to_json() != expected:
+        raise InvalidDataFile(
+            f"table {table_uri} has schema {table.schema().to_json()}, the pipeline writes {expected}; "
+            "schema changes are not applied automatically", table_uri=table_uri,
+        )
+    if list(table.metadata().partition_columns) != list(partition_by):
+        raise InvalidDataFile(
+            f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
+            f"the pipeline says {list(partition_by)}", table_uri=table_uri,
+        )
+    return table
+
+
+def ensure_tables(pipeline: Pipeline) -> None:
+    """The pipeline's main and quarantine tables, created when missing, checked otherwise."""
+    options, topic = pipeline.sink.storage_options, pipeline.source.topic
+    ensure_table(pipeline.sink.table_uri, pipeline.table_schema(), pipeline.sink.partition_by, pipeline.name,
+                 f"oncemore pipeline {pipeline.name}: topic {topic}", options)
+    ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
+                 f"oncemore quarantine of pipeline {pipeline.name}: records of topic {topic} that failed to decode",
+                 options)
+
+
+def covered_prefix(results: Iterable[TaskResult], starts: Mapping[int, int]) -> tuple[dict[int, int], list[TaskResult], list[TaskResult]]:
+    """Per partition, how far the tasks' results reach without a hole from ``starts``, the results
+    inside that reach, and the results after a task cut short by its byte budget (never committed)."""
+    by_partition: dict[int, list[TaskResult]] = {}
+    for result in results:
+        by_partition.setdefault(result.kafka_partition, []).append(result)
+    ends, kept, dropped = dict(starts), [], []
+    for partition, partition_results in by_partition.items():
+        for result in sorted(partition_results, key=lambda r: r.start):
+            if result.start != ends[partition]:
+                dropped.append(result)
+                continue
+            kept.append(result)
+            ends[partition] = result.reached
+    return ends, kept, dropped
+
+
+def validate_files(table_uri: str, files: list[DataFile], schema: pa.Schema, partition_by: Iterable[str],
+                   ranges: Mapping[int, tuple[int, int]], storage_options: Mapping[str, str] | None = None) -> None:
+    """Every file exists with its reported size, has the table's schema and holds only offsets
+    inside its partition's range. delta-rs would commit a broken file without a word."""
+    fs, root = filesystem(table_uri, storage_options)
+    file_schema = pa.schema([f for f in schema if f.name not in set(partition_by)])
+    for data_file in files:
+        where = f"{table_uri}/{data_file.path}"
+        info = fs.get_file_info(f"{root}/{data_file.path}")
+        if info.type != pafs.FileType.File or info.size != data_file.size:
+            raise InvalidDataFile(f"{where}: missing or size {info.size} != reported {data_file.size}", path=where)
+        found = pq.read_schema(fs.open_input_file(f"{root}/{data_file.path}"))
+        if not found.remove_metadata().equals(file_schema, check_metadata=False):
+            raise InvalidDataFile(f"{where}: schema {found} differs from the table's {file_schema}", path=where)
+        start, end = ranges.get(data_file.kafka_partition, (0, 0))
+        if not (start <= data_file.min_offset and data_file.max_offset < end):
+            raise InvalidDataFile(
+                f"{where}: offsets [{data_file.min_offset}, {data_file.max_offset}] of partition "
+                f"{data_file.kafka_partition} fall outside the batch range [{start}, {end})",
+                path=where, partition=data_file.kafka_partition, start=start, end=end,
+            )
+
+
+def commit(
+    ledger: Ledger,
+    files: list[DataFile],
+    expected: Mapping[int, int | None],
+    new_positions: Mapping[int, int],
+    partitions: Iterable[int],
+    record: CommitRecord,
+) -> CommitOutcome:
+    """One Delta commit: ``files`` plus txn actions moving ``expected`` to ``new_positions`` (and
+    re-stating the held positions of the other ``partitions``).
+
+    Returns already_committed (and commits nothing) when the table's positions already reach
+    ``new_positions``: a retry, rerun or concurrent duplicate got there first. Raises
+    CommitConflict when they are neither where this commit starts nor where it ends.
+    """
+    table = DeltaTable(table_location(ledger.table_uri), storage_options=ledger.storage_options)
+    if already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions):
+        return CommitOutcome("already_committed", None)
+    now_ms = int(time.time() * 1000)
+    actions = [AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files]
+    properties = CommitProperties(
+        app_transactions=ledger.transactions(new_positions, partitions, table),
+        custom_metadata={METADATA_KEY: record.to_json()},
+    )
+    try:
+        table.create_write_transaction(
+            actions, mode="append", schema=table.schema(),
+            partition_by=list(table.metadata().partition_columns) or None, commit_properties=properties,
+        )
+    except CommitFailedError as exc:
+        # A concurrent commit touched the same positions. If it covered this range, we are done.
+        current = ledger.positions(new_positions)
+        if _reached(current, new_positions):
+            return CommitOutcome("lost_race", None)
+        raise CommitConflict(
+            f"{ledger.table_uri}: a concurrent commit moved positions of pipeline {ledger.pipeline} "
+            f"({_moves(ledger.topic, expected, current, new_positions)}); nothing was committed: {exc}",
+            table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
+        ) from exc
+    return CommitOutcome("committed", _version_of(table, record))
+
+
+def commit_positions(ledger: Ledger, positions: Mapping[int, int], record: CommitRecord) -> int:
+    """A commit of no files that sets ``positions`` (a deliberate reset); returns its version.
+    A concurrent commit of the pipeline makes it fail (CommitFailedError): run it again."""
+    table = DeltaTable(table_location(ledger.table_uri), storage_options=ledger.storage_options)
+    properties = CommitProperties(app_transactions=ledger.transactions(positions, positions, table),
+                                  custom_metadata={METADATA_KEY: record.to_json()})
+    table.create_write_transaction([], mode="append", schema=table.schema(),
+                                   partition_by=list(table.metadata().partition_columns) or None,
+                                   commit_properties=properties)
+    return _version_of(table, record)
+
+
+def _version_of(table: DeltaTable, record: CommitRecord) -> int:
+    """The version our commit got: found by its record among the newest commits, so a commit
+    landing right after ours cannot be mistaken for it."""
+    table.update_incremental()
+    mine = record.to_json()
+    for entry in table.history(20):
+        if entry.get(METADATA_KEY) == mine:
+            return entry["version"]
+    raise CommitConflict(f"{table.table_uri()}: our commit is not among the newest 20 commits")
+
+
+def _reached(current: Mapping[int, int | None], target: Mapping[int, int]) -> bool:
+    return all(current[p] is not None and current[p] >= v for p, v in target.items())
+
+
+def _moves(topic: str, expected, current, new_positions) -> str:
+    return ", ".join(f"{topic}/{p}: expected {expected[p]}, found {current[p]}, batch ends at {n}"
+                     for p, n in sorted(new_positions.items()) if current[p] != expected[p])
+
+
+def already_committed(ledger: Ledger, current: Mapping[int, int | None],
+                      expected: Mapping[int, int | None], new_positions: Mapping[int, int]) -> bool:
+    """True when the table's ``current`` positions already reach ``new_positions``; False when
+    they are exactly the ``expected`` ones a commit builds on; CommitConflict otherwise."""
+    if _reached(current, new_positions):
+        return True
+    if any(current[p] != expected[p] for p in new_positions):
+        raise CommitConflict(
+            f"{ledger.table_uri}: positions of pipeline {ledger.pipeline} moved since this batch was read "
+            f"({_moves(ledger.topic, expected, current, new_positions)}); nothing was committed",
+            table_uri=ledger.table_uri, expected=dict(expected), found=dict(current),
+        )
+    return False
+
+
+def delete_files(table_uri: str, files: Iterable[DataFile], storage_options: Mapping[str, str] | None = None) -> None:
+    """Removes files this run wrote and decided not to commit (never after a commit attempt:
+    an attempt that seemed to fail may have landed)."""
+    fs, root = filesystem(table_uri, storage_options)
+    for data_file in files:
+        try:
+            fs.delete_file(f"{root}/{data_file.path}")
+        except (FileNotFoundError, OSError):
+            pass

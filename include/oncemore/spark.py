@@ -1,0 +1,55 @@
+"""A Spark session able to run oncemore jobs: the package shipped to executors, the sources registered.
+
+Imported only once a run has work to do: a no-op run never starts a JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from .config import SECRET_KEY_PATTERN
+
+MASTER_ENV = "ONCEMORE_SPARK_MASTER"
+
+
+def spark_session(master: str | None = None):
+    from pyspark.sql import SparkSession
+
+    from .source import KafkaIngestDataSource, KafkaRangeDataSource
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("oncemore")
+    master = master or os.environ.get(MASTER_ENV)
+    if master:
+        builder = builder.master(master)
+    spark = (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        # librdkafka settings travel as data source options (kafka.*): keep their secrets out of
+        # plans, logs and the UI (Spark's default patterns miss sasl.jaas.config).
+        .config("spark.redaction.regex", f"(?i){SECRET_KEY_PATTERN}")
+        .config("spark.sql.redaction.options.regex", f"(?i){SECRET_KEY_PATTERN}|url")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
+        spark.sparkContext.addPyFile(package_zip())
+    spark.dataSource.register(KafkaRangeDataSource)
+    spark.dataSource.register(KafkaIngestDataSource)
+    return spark
+
+
+@lru_cache(maxsize=1)
+def package_zip() -> str:
+    """The oncemore package as a zip for --py-files / addPyFile (executors must not rely on the driver's cwd)."""
+    package = Path(__file__).resolve().parent
+    target = Path(tempfile.mkdtemp(prefix="oncemore-pkg-")) / "oncemore.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*.py")):
+            archive.write(path, path.relative_to(package.parent))
+    return str(target)

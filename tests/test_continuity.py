@@ -1,0 +1,221 @@
+"""Positions only ever continue on the topic they were committed for: a recreated topic, another
+cluster, lost positions or a stale plan stop the run before anything is read; a deliberate reset
+is a commit of its own; checkpoints, compaction and vacuum leave positions alone."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from deltalake import DeltaTable
+
+from oncemore import devbroker, runner
+from oncemore.committer import commit_positions
+from oncemore.config import OffsetBound
+from oncemore.errors import PositionsMissing, StalePlan, TopicChanged
+from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger
+from oncemore.planner import plan_run
+from oncemore.reset import reset
+
+from conftest import assert_exactly_once, by_partition, orders, read_pairs
+
+pytestmark = pytest.mark.spark
+
+
+def no_spark():
+    raise AssertionError("this run must not start Spark")
+
+
+def positions(pipeline) -> dict[int, int | None]:
+    return Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic).positions([0, 1, 2])
+
+
+def last_record(table_uri: str) -> CommitRecord:
+    return CommitRecord.from_json(DeltaTable(table_uri).history(1)[0][METADATA_KEY])
+
+
+def test_a_recreated_topic_stops_the_run_until_a_deliberate_reset(broker, topic, make_pipeline, spark):
+    old = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    broker.delete_topic(topic)
+    time.sleep(0.5)
+    broker.create_topic(topic, 3)
+    new = broker.produce(topic, orders(300, 600))  # more records than before: the old positions fit the new log
+
+    with pytest.raises(TopicChanged, match=rf"pipeline orders: topic {topic}: the topic was deleted and recreated"):
+        runner.run(pipeline, spark_factory=no_spark)
+    version = DeltaTable(pipeline.sink.table_uri).version()
+
+    done = reset(pipeline, OffsetBound("earliest"))
+    assert done["to"] == {0: 0, 1: 0, 2: 0} and done["from"] == {p: len(by_partition(old)[p]) for p in (0, 1, 2)}
+    record = last_record(pipeline.sink.table_uri)
+    assert record.reset.to == "earliest" and record.reset.from_positions == {str(p): v for p, v in done["from"].items()}
+    assert DeltaTable(pipeline.sink.table_uri).version() == version + 1
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # The old topic's rows stay; the new topic's records are added once each.
+    assert Counter(read_pairs(pipeline.sink.table_uri)) == Counter(old) + Counter(new)
+
+
+def test_positions_of_another_cluster_stop_the_run(tmp_path, make_pipeline, spark):
+    tansu = devbroker.start_tansu()
+    try:
+        tansu.create_topic("moved", 3)
+        tansu.produce("moved", orders(0, 90), transactional_id="t")
+        pipeline = make_pipeline("moved", source={"bootstrap_servers": tansu.bootstrap_servers})
+        runner.run(pipeline, spark_factory=lambda: spark)
+    finally:
+        tansu.stop()
+    faithful = devbroker.start_test_broker(devbroker.test_broker_path())
+    try:
+        faithful.create_topic("moved", 3)
+        faithful.produce("moved", orders(0, 300))
+        moved = make_pipeline("moved", source={"bootstrap_servers": faithful.bootstrap_servers})
+        with pytest.raises(TopicChanged, match=r"reading cluster tansu_cluster, the broker at .* is cluster kfake"):
+            runner.run(moved, spark_factory=no_spark)
+    finally:
+        faithful.stop()
+
+
+def test_a_position_beyond_the_log_end_stops_the_run(broker, topic, make_pipeline, spark):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # Another tool moved the positions past the log, recording no topic ID (as a broker without IDs would).
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
+    commit_positions(ledger, {0: 500, 1: 10, 2: 10}, CommitRecord(pipeline="orders", run_id="tool", topic=topic))
+    with pytest.raises(TopicChanged, match=rf"pipeline orders: topic {topic}/0: committed position 500 is beyond the log end 10"):
+        runner.run(pipeline, spark_factory=no_spark)
+
+
+def test_expired_positions_are_refused_and_a_reset_from_the_hint_continues_exactly_once(broker, topic, make_pipeline, spark):
+    first = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    ends = positions(pipeline)
+    DeltaTable(pipeline.sink.table_uri).alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 1 second"})
+    time.sleep(2)
+    DeltaTable(pipeline.sink.table_uri).create_checkpoint()
+    assert positions(pipeline) == {0: None, 1: None, 2: None}
+    more = broker.produce(topic, orders(300, 90))
+
+    with pytest.raises(PositionsMissing) as missing:
+        runner.run(pipeline, spark_factory=no_spark)
+    hint = json.dumps({str(p): v for p, v in ends.items()}, sort_keys=True)
+    assert f"left positions at {hint}" in str(missing.value) and "oncemore reset orders" in str(missing.value)
+
+    DeltaTable(pipeline.sink.table_uri).alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 30 days"})
+    reset(pipeline, OffsetBound.parse(hint))
+    runner.run(pipeline, spark_factory=lambda: spark)
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), first + more)
+
+
+def test_every_commit_restates_idle_partitions_so_they_do_not_expire(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # Each commit lands well within the retention of the one before; partitions 1 and 2 stay idle
+    # for twice the retention.
+    DeltaTable(pipeline.sink.table_uri).alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 8 seconds"})
+    for i in range(4):
+        time.sleep(3.5)
+        produced += broker.produce(topic, [(0, None, b'{"id": 1}', None)])
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert None not in positions(pipeline).values()
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_a_renamed_pipeline_or_a_table_of_another_tool_is_refused(broker, topic, make_pipeline, spark, tmp_path):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    renamed = make_pipeline(topic, name="orders_v2", sink={"table_uri": pipeline.sink.table_uri})
+    with pytest.raises(PositionsMissing, match=rf"recent oncemore commits here are by orders/{topic}"):
+        runner.run(renamed, spark_factory=no_spark)
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    foreign = str(tmp_path / "foreign")
+    write_deltalake(foreign, pa.table({"id": [1, 2]}))
+    other = make_pipeline(topic, name="other", sink={"table_uri": foreign})
+    with pytest.raises(PositionsMissing, match=r"table .*foreign \(version 0\) holds commits or data but no positions"):
+        runner.run(other, spark_factory=no_spark)
+
+
+def test_checkpoint_compaction_and_vacuum_keep_the_positions(broker, topic, make_pipeline, spark):
+    produced = []
+    pipeline = make_pipeline(topic)
+    for start in range(0, 600, 150):  # several small commits: files to compact
+        produced += broker.produce(topic, orders(start, 150))
+        runner.run(pipeline, spark_factory=lambda: spark)
+    before = positions(pipeline)
+    table = DeltaTable(pipeline.sink.table_uri)
+    table.create_checkpoint()
+    metrics = DeltaTable(pipeline.sink.table_uri).optimize.compact()
+    assert metrics["numFilesRemoved"] > metrics["numFilesAdded"] >= 1
+    DeltaTable(pipeline.sink.table_uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    assert positions(pipeline) == before
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+    produced += broker.produce(topic, orders(600, 90))
+    assert runner.run(pipeline, spark_factory=lambda: spark).written == 90
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_a_plan_the_table_already_holds_is_a_noop_without_spark(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 100})
+    plan = plan_run(pipeline)
+    runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
+    version = DeltaTable(pipeline.sink.table_uri).version()
+
+    again = runner.run(pipeline, plan=plan, spark_factory=no_spark)  # a retried ingest task
+    assert again.status == "no-op" and "the table already holds this plan" in again.summary()
+    assert DeltaTable(pipeline.sink.table_uri).version() == version
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_a_partly_committed_plan_runs_only_its_remainder(broker, topic, make_pipeline, spark, monkeypatch):
+    produced = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 100})
+    plan = plan_run(pipeline)
+    assert len(plan.batches) == 3
+    real_ingest = runner._Run.ingest
+
+    def crash_after_first(self, batch):
+        if batch.seq == 1:
+            raise SystemExit("injected crash after batch 0 committed")
+        return real_ingest(self, batch)
+
+    monkeypatch.setattr(runner._Run, "ingest", crash_after_first)
+    with pytest.raises(SystemExit):
+        runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
+    monkeypatch.undo()
+    # Another run moves partition 0 into the middle of batch 1 meanwhile.
+    middle = {0: plan.batches[1].ranges[0].start + 5}
+    runner.run(pipeline, until=OffsetBound("offsets", offsets=middle), spark_factory=lambda: spark)
+
+    retried = runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
+    assert [b.status for b in retried.batches] == ["already_committed", "committed", "committed"]
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_a_stale_or_foreign_plan_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark):
+    broker.produce(topic, orders(0, 90))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    broker.produce(topic, orders(90, 90))
+    plan = plan_run(pipeline)
+    reset(pipeline, OffsetBound("offsets", offsets={0: 10}))  # positions moved behind the plan
+    with pytest.raises(StalePlan, match=rf"pipeline orders: {topic}/0: the plan's batch 0 builds on position 30 .* holds position 10"):
+        runner.run(pipeline, plan=plan, spark_factory=no_spark)
+
+    other_topic = make_pipeline(f"{topic}_other", name="orders")
+    with pytest.raises(StalePlan, match=rf"the plan is for topic {topic}, the pipeline's is {topic}_other"):
+        runner.run(other_topic, plan=plan, spark_factory=no_spark)
+    other_table = make_pipeline(topic, name="orders", sink={"table_uri": "/tmp/elsewhere"})
+    with pytest.raises(StalePlan, match="the plan is for table"):
+        runner.run(other_table, plan=plan, spark_factory=no_spark)
