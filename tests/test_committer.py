@@ -1,16 +1,23 @@
-"""The driver-side guards: position checks before a commit, validation of added files, and which
-task results a commit may take when byte budgets cut tasks short."""
+"""The driver-side guards: position checks before a commit, validation of added files, which task
+results a commit may take when byte budgets cut tasks short, and tables oncemore cannot write."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, TableFeatures
 
+from oncemore import runner
 from oncemore.committer import already_committed, covered_prefix, validate_files
-from oncemore.errors import CommitConflict, InvalidDataFile
+from oncemore.errors import CommitConflict, InvalidDataFile, UnsupportedTable
 from oncemore.ledger import Ledger
 from oncemore.schema import QUARANTINE_SCHEMA
 from oncemore.writer import TableWriter, TaskResult
+
+from conftest import orders
 
 
 def test_positions_at_the_batch_start_commit_past_its_end_are_done_anything_else_conflicts():
@@ -65,3 +72,23 @@ def test_files_outside_the_range_missing_or_with_another_schema_are_refused(tmp_
     (tmp_path / data_file.path).unlink()
     with pytest.raises(InvalidDataFile, match="missing"):
         validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (0, 100)})
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda table: table.alter.add_constraint({"positive_amount": "amount > 0"}), "CHECK constraint positive_amount (amount > 0)"),
+    (lambda table: table.alter.add_feature(TableFeatures.RowTracking, allow_protocol_versions_increase=True),
+     "writer feature rowTracking"),
+])
+def test_a_table_asking_writers_for_what_oncemore_does_not_do_is_refused_before_writing(
+        broker, topic, make_pipeline, spark, change, named):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    table = DeltaTable.create(pipeline.sink.table_uri, pipeline.table_schema())
+    change(table)
+    version = DeltaTable(pipeline.sink.table_uri).version()
+
+    with pytest.raises(UnsupportedTable, match=re.escape(named)):
+        runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert DeltaTable(pipeline.sink.table_uri).version() == version
+    assert not list(Path(pipeline.sink.table_uri).glob("*.parquet")), "nothing was written"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ VALID = {
     "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
     "limits": {"max_records_per_commit": 1000},
     "fail_on_data_loss": True,
+    "airflow": {"owner": "data-platform"},
 }
 ENV = {"KAFKA_BOOTSTRAP": "kafka:9092", "KAFKA_PASSWORD": "hunter2"}
 
@@ -55,17 +57,17 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
     [
         ("source.topic", KeyError, "source.topic", "is required"),
         ("source.topik", "x", "source.topik", "unknown key"),
-        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "must be int"),
-        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "must be int"),
-        ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "at least 1"),
-        ("format.type", "avro", "format.type", "json or raw"),
+        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "valid integer"),
+        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "valid integer"),
+        ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "greater than or equal to 1"),
+        ("format.type", "avro", "format.type", "'json' or 'raw'"),
         ("format.schema", "id BIGINT, payload MAP<STRING,STRING>", "format.schema", "unsupported type"),
         ("format.schema", "id BIGINT, _kafka_offset BIGINT", "format.schema", "reserved"),
         ("source.starting_offsets", "yesterday", "source.starting_offsets", "ISO-8601"),
         ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
         ("sink.partition_by", ["nope"], "sink.partition_by", "not a column"),
         ("sink.partition_by", ["amount"], "sink.partition_by", "has type double"),
-        ("fail_on_data_loss", "yes", "fail_on_data_loss", "must be bool"),
+        ("fail_on_data_loss", "yes", "fail_on_data_loss", "valid boolean"),
         ("name", "Orders!", "name", "lowercase"),
     ],
 )
@@ -130,3 +132,37 @@ def test_load_all_keeps_loading_past_a_broken_file(tmp_path, monkeypatch):
     loaded, broken = load_all(tmp_path)
     assert [p.name for p in loaded] == ["orders"]
     assert list(broken) == [str(bad)] and "sink" in str(broken[str(bad)])
+
+
+@pytest.mark.parametrize("change", ["limits.max_records_per_commit", "source.starting_offsets", "format.type",
+                                    "airflow.start_date", "fail_on_data_loss"])
+def test_errors_never_quote_a_substituted_value(tmp_path, change):
+    doc = with_change(change, "${KAFKA_PASSWORD}")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert error.value.key == change and "hunter2" not in str(error.value)
+
+
+def test_storage_options_are_text_and_redacted(tmp_path):
+    doc = with_change("sink.storage_options", {"AWS_ALLOW_HTTP": True, "AWS_SECRET_ACCESS_KEY": "${KAFKA_PASSWORD}",
+                                               "AWS_REGION": "eu-west-1"})
+    pipeline = load_pipeline(write(tmp_path, doc), ENV)
+    assert pipeline.sink.storage_options == {"AWS_ALLOW_HTTP": "true", "AWS_SECRET_ACCESS_KEY": "hunter2",
+                                             "AWS_REGION": "eu-west-1"}
+    assert pipeline.redacted()["sink"]["storage_options"] == {"AWS_ALLOW_HTTP": "true", "AWS_SECRET_ACCESS_KEY": "***",
+                                                              "AWS_REGION": "eu-west-1"}
+
+
+def test_published_json_schema_is_current_and_checks_pipeline_files(monkeypatch):
+    import jsonschema
+
+    from oncemore.config import json_schema
+
+    published = json.loads((ROOT / "include" / "pipelines" / "pipeline.schema.json").read_text())
+    assert published == json_schema(), "regenerate with: oncemore schema > include/pipelines/pipeline.schema.json"
+    validator = jsonschema.Draft202012Validator(published)
+    shipped = yaml.safe_load((ROOT / "include" / "pipelines" / "orders.yaml").read_text())
+    assert not list(validator.iter_errors(shipped))
+    for change, value in [("source.topik", "x"), ("format.type", "avro"), ("limits.max_records_per_commit", 0),
+                          ("source.starting_offsets", {"0": -1}), ("sink.storage_options", {"k": [1]})]:
+        assert list(validator.iter_errors(with_change(change, value))), change

@@ -289,14 +289,20 @@ def test_raw_format_keeps_key_and_value_bytes(broker, topic, make_pipeline, spar
 
 
 def test_partition_by_writes_hive_directories_and_stats(broker, topic, make_pipeline, spark):
-    regions = ["eu", "us west", None]
-    records = [(i % 3, None, json.dumps({"id": i, "region": regions[i % 3]}).encode(), None) for i in range(600)]
+    regions = ["eu", "us west", None, ""]
+    records = [(i % 3, None, json.dumps({"id": i, "region": regions[i % 4]}).encode(), None) for i in range(800)]
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, region STRING"},
                              sink={"partition_by": ["region"]})
     runner.run(pipeline, spark_factory=lambda: spark)
 
-    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    # An empty string would read back as NULL (Delta's partition values): quarantined, not changed.
+    main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    assert_exactly_once(main + quarantined, produced)
+    assert len(quarantined) == 200
+    assert query(pipeline.sink.quarantine_uri, "SELECT DISTINCT error FROM {table}") == [(
+        "column 'region' partitions the table and Delta reads an empty partition value as NULL: the row would "
+        "not read back as sent",)]
     assert query(pipeline.sink.table_uri, "SELECT region, count(*) FROM {table} GROUP BY region ORDER BY ALL") == [("eu", 200), ("us west", 200), (None, 200)]
     actions = pa.table(DeltaTable(pipeline.sink.table_uri).get_add_actions(flatten=True)).to_pylist()
     assert {a["partition.region"] for a in actions} == {"eu", "us west", None}
@@ -305,7 +311,7 @@ def test_partition_by_writes_hive_directories_and_stats(broker, topic, make_pipe
     assert {d.name for d in Path(pipeline.sink.table_uri).glob("region=*")} == {
         "region=eu", "region=us west", "region=__HIVE_DEFAULT_PARTITION__"}
     assert sum(a["num_records"] for a in actions) == 600
-    assert min(a["min.id"] for a in actions) == 0 and max(a["max.id"] for a in actions) == 599
+    assert min(a["min.id"] for a in actions) == 0 and max(a["max.id"] for a in actions) == 798  # 799 is ""
 
 
 def test_starting_latest_skips_the_backlog_and_records_every_partition(broker, topic, make_pipeline, spark):

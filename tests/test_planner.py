@@ -8,7 +8,7 @@ from oncemore.config import Limits, OffsetBound, parse_pipeline
 from oncemore.errors import DataLoss, PlanError, StalePlan
 from oncemore.kafka import PartitionBounds, TopicIdentity
 from oncemore.ledger import Gap
-from oncemore.planner import Batch, OffsetRange, Plan, TaskRange, plan, split_tasks
+from oncemore.planner import Batch, OffsetRange, Plan, TaskRange, group_tasks, plan, split_tasks
 
 
 def pipeline(max_records=1_000_000, fail_on_data_loss=True, starting="earliest"):
@@ -176,3 +176,14 @@ def test_offset_bound_until_keywords():
     assert OffsetBound.parse("latest", allowed=("latest",)).kind == "latest"
     with pytest.raises(ValueError):
         OffsetBound.parse("earliest", allowed=("latest",))
+
+
+def test_small_ranges_share_spark_tasks_balanced_by_offsets_and_large_ones_keep_their_own():
+    tiny = [TaskRange(p, 0, 1) for p in range(64)]
+    groups = group_tasks(tiny, slots=2, max_records=1_000)
+    assert len(groups) == 2 and sorted(t.partition for g in groups for t in g) == list(range(64))
+    assert [len(g) for g in groups] == [32, 32]
+    large = [TaskRange(0, 0, 1_000), TaskRange(0, 1_000, 2_000), TaskRange(1, 0, 1_000)]
+    groups = group_tasks(large + [TaskRange(p, 0, 10) for p in range(2, 12)], slots=2, max_records=1_000)
+    assert sorted(len(g) for g in groups) == [1, 1, 1, 10] and all(g[0] in large for g in groups if len(g) == 1)
+    assert group_tasks([TaskRange(0, 5, 6)], slots=8, max_records=1) == [[TaskRange(0, 5, 6)]]

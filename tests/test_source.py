@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer
 
-from oncemore.kafka import KafkaReadError, admin_client, consumer_config, log_bounds
+from oncemore.kafka import KafkaReadError, admin_client, consumer_config, log_bounds, range_consumer
 from oncemore.records import RangeRecords
 from oncemore.schema import RECORD_SCHEMA
 from oncemore.source import KafkaRangeReader, offsets_option
@@ -13,13 +14,25 @@ from oncemore.source import KafkaRangeReader, offsets_option
 from conftest import by_partition, orders
 
 
-def records(pipeline, partition, start, end, stall=20.0, max_bytes=None) -> RangeRecords:
-    return RangeRecords(consumer_config(pipeline), pipeline.source.topic, partition, start, end, stall,
+def records(pipeline, partition, start, end, stall=20.0, max_bytes=None, consumer=None) -> RangeRecords:
+    consumer = consumer or Consumer(consumer_config(pipeline))
+    return RangeRecords(consumer, pipeline.source.topic, partition, start, end, stall,
                         f"pipeline {pipeline.name}: {pipeline.source.topic}/{partition}", max_bytes)
 
 
-def read(pipeline, partition, start, end, stall=20.0) -> pa.Table:
-    return pa.Table.from_batches(list(records(pipeline, partition, start, end, stall)), schema=RECORD_SCHEMA)
+def read(pipeline, partition, start, end, stall=20.0, consumer=None) -> pa.Table:
+    return pa.Table.from_batches(list(records(pipeline, partition, start, end, stall, consumer=consumer)),
+                                 schema=RECORD_SCHEMA)
+
+
+def test_one_consumer_reads_range_after_range_exactly(broker, topic, make_pipeline):
+    broker.produce(topic, orders(0, 3_000))  # 1,000 a partition: prefetching runs ahead of each range
+    pipeline = make_pipeline(topic)
+    with range_consumer(consumer_config(pipeline)) as consumer:
+        for partition, start, end in [(0, 0, 10), (1, 500, 510), (0, 10, 400), (2, 999, 1_000), (0, 5, 6), (1, 0, 3)]:
+            offsets = read(pipeline, partition, start, end, consumer=consumer).column("offset").to_pylist()
+            partitions = set(read(pipeline, partition, start, end, consumer=consumer).column("partition").to_pylist())
+            assert offsets == list(range(start, end)) and partitions == {partition}
 
 
 def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_pipeline):

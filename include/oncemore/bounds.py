@@ -130,15 +130,16 @@ def _first_matching(
         partition, (begin, end) = item
         where = f"pipeline {pipeline.name}: {pipeline.source.topic}/{partition}"
         seen = 0
-        for messages in kafka.read_messages(config, pipeline.source.topic, partition, begin, end,
-                                            pipeline.source.stall_timeout_seconds, where):
-            for message in messages:
-                stamp = message.timestamp()[1]
-                if predicate(stamp):
-                    return partition, (message.offset(), stamp)
-            seen += len(messages)
-            if limit is not None and seen >= limit:
-                break
+        with kafka.range_consumer(config) as consumer:
+            for messages in kafka.read_messages(consumer, pipeline.source.topic, partition, begin, end,
+                                                pipeline.source.stall_timeout_seconds, where):
+                for message in messages:
+                    stamp = message.timestamp()[1]
+                    if predicate(stamp):
+                        return partition, (message.offset(), stamp)
+                seen += len(messages)
+                if limit is not None and seen >= limit:
+                    break
         return partition, None
 
     # librdkafka works outside the GIL: partitions are scanned side by side.

@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset``.
+"""Command line: ``oncemore run | plan | status | reset | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 from .config import (
-    ConfigError, OffsetBound, Pipeline, load_pipeline, resolve_config_path, with_kafka_overrides,
+    ConfigError, OffsetBound, Pipeline, json_schema, load_pipeline, resolve_config_path, with_kafka_overrides,
 )
 from .errors import OncemoreError
-from .kafka import KafkaReadError, KafkaSourceError
+from .kafka import CLIENT_LOG, KafkaReadError, KafkaSourceError
 from .planner import Plan, describe, plan_run
 from .report import format_status, status
 
@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger(CLIENT_LOG.name).setLevel(logging.CRITICAL)
     try:
-        pipeline = _pipeline(args)
+        pipeline = _pipeline(args) if "pipeline" in args else None
         return args.handler(pipeline, args)
     except (ConfigError, ValueError) as exc:
         print(f"oncemore: error: {exc}", file=sys.stderr)
@@ -81,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--to", required=True,
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}' "
                             "(unnamed partitions keep their position)")
+    schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
+    schema.set_defaults(handler=_schema)
     return parser
 
 
@@ -146,6 +149,11 @@ def _reset(pipeline: Pipeline, args) -> int:
     done = reset(pipeline, to)
     print(f"{pipeline.name}: positions of topic {done['topic']} reset from {json.dumps(done['from'])} "
           f"to {json.dumps(done['to'])} (versions: {json.dumps(done['versions'])})")
+    return 0
+
+
+def _schema(_pipeline: None, _args) -> int:
+    print(json.dumps(json_schema(), indent=2))
     return 0
 
 

@@ -21,11 +21,20 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from .config import Pipeline
-from .errors import CommitConflict, InvalidDataFile
+from .errors import CommitConflict, InvalidDataFile, UnsupportedTable
 from .ledger import METADATA_KEY, CommitRecord, Ledger, open_table
 from .schema import QUARANTINE_SCHEMA
 from .storage import filesystem, table_location
 from .writer import DataFile, TaskResult
+
+
+# Writer features that appending files with add actions honours as it is. Any other feature asks
+# writers for work oncemore does not do (row IDs, column mapping, v2 checkpoints, Iceberg metadata).
+HONOURED_WRITER_FEATURES = frozenset({
+    "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
+    # Harmless while no column or table uses them; check_writable looks at the table itself.
+    "invariants", "checkConstraints", "generatedColumns", "identityColumns",
+})
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             table = open_table(location, options)
             if table is None:
                 raise
+    check_writable(table, table_uri)
     expected = Schema.from_arrow(schema).to_json()
     if table.schema().to_json() != expected:
         raise InvalidDataFile(
@@ -63,6 +73,32 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             f"the pipeline says {list(partition_by)}", table_uri=table_uri,
         )
     return table
+
+
+def check_writable(table: DeltaTable, table_uri: str) -> None:
+    """Refuses, before anything is written, a table whose writers must check or compute values:
+    oncemore adds files it wrote itself, so it can neither enforce a CHECK constraint or an
+    invariant nor fill a generated or identity column; or one needing a writer feature it does
+    not honour. A row violating a constraint therefore never lands in a commit of oncemore's."""
+    configuration = table.metadata().configuration
+    fields = json.loads(table.schema().to_json())["fields"]
+    asks = [f"CHECK constraint {key.removeprefix('delta.constraints.')} ({value})"
+            for key, value in sorted(configuration.items()) if key.startswith("delta.constraints.")]
+    for field in fields:
+        metadata = field.get("metadata") or {}
+        asks += [f"invariant on column {field['name']}"] if "delta.invariants" in metadata else []
+        asks += [f"generated column {field['name']}"] if "delta.generationExpression" in metadata else []
+        asks += [f"identity column {field['name']}"] if any(k.startswith("delta.identity.") for k in metadata) else []
+    mode = configuration.get("delta.columnMapping.mode", "none")
+    asks += [f"column mapping mode {mode}"] if mode != "none" else []
+    unknown = sorted(set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES)
+    asks += [f"writer feature {feature}" for feature in unknown]
+    if asks:
+        raise UnsupportedTable(
+            f"table {table_uri} asks its writers for what oncemore does not do: {'; '.join(asks)}. Nothing was "
+            "written; remove them or point the pipeline at another table",
+            table_uri=table_uri, requirements=asks,
+        )
 
 
 def ensure_tables(pipeline: Pipeline) -> None:

@@ -1,6 +1,9 @@
-"""Pipeline configuration: YAML model, ${ENV} substitution, validation and redaction.
+"""Pipeline configuration: the YAML model (pydantic), ${ENV} substitution and redaction.
 
-Errors name the file, the key and the problem, and are raised before anything runs.
+The model is the one definition of a pipeline file: it validates, it fills defaults, and its JSON
+Schema (`oncemore schema`) lets editors complete and check pipeline files. Errors name the file,
+the key and the problem, never a value (a value may be a substituted secret), and are raised
+before anything runs.
 """
 
 from __future__ import annotations
@@ -8,12 +11,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, StrictBool, StrictInt, StrictStr,
+    ValidationError, WithJsonSchema, field_validator, model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from .schema import PARTITIONABLE_TYPES, SchemaError, main_table_schema, parse_schema
 
@@ -21,9 +29,8 @@ PIPELINES_DIR_ENV = "ONCEMORE_PIPELINES_DIR"
 DEFAULT_PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-# Option keys whose values must never be printed (librdkafka's, and Spark's own defaults).
-SECRET_KEY_PATTERN = r"password|secret|token|access[.]?key|jaas|ssl\.key|credentials"
+# Option keys whose values must never be printed (librdkafka's, delta-rs's, and Spark's own defaults).
+SECRET_KEY_PATTERN = r"password|secret|token|access[._]?key|jaas|ssl\.key|credentials|session"
 _SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.I)
 REDACTED = "***"
 
@@ -56,6 +63,8 @@ class OffsetBound:
     def parse(cls, value: Any, allowed: tuple[str, ...] = ("earliest", "latest")) -> "OffsetBound":
         """From YAML or command-line text: a keyword, an ISO-8601 timestamp (or ``{timestamp: ...}``),
         or ``{"0": 42, "1": 7}`` (a JSON string too). Raises ValueError naming the problem."""
+        if isinstance(value, OffsetBound):
+            return value
         if isinstance(value, str) and value.strip().startswith("{"):
             try:
                 value = json.loads(value)
@@ -65,122 +74,235 @@ class OffsetBound:
             return cls(kind=value)
         if isinstance(value, dict) and set(value) == {"timestamp"}:
             value = value["timestamp"]
+        expected = f"must be {' | '.join(allowed)}, an ISO-8601 timestamp or per-partition offsets like {{\"0\": 42}}"
         if isinstance(value, (str, datetime)):
-            text = value.isoformat() if isinstance(value, datetime) else value
             try:
-                return cls(kind="timestamp", timestamp_ms=parse_timestamp_ms(text))
+                return cls(kind="timestamp", timestamp_ms=parse_timestamp_ms(value))
             except ValueError:
-                raise ValueError(
-                    f"must be {' | '.join(allowed)}, an ISO-8601 timestamp or per-partition offsets "
-                    f'like {{"0": 42}}, got {text!r}'
-                ) from None
+                raise ValueError(expected) from None
         if isinstance(value, dict) and value:
             try:
                 offsets = {int(p): int(o) for p, o in value.items()}
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"per-partition offsets must map partition numbers to offsets: {exc}") from exc
+                raise ValueError("per-partition offsets must map partition numbers to offsets") from None
             if any(p < 0 or o < 0 for p, o in offsets.items()):
                 raise ValueError("partitions and offsets must not be negative")
             return cls(kind="offsets", offsets=offsets)
-        raise ValueError(
-            f"must be {' | '.join(allowed)}, an ISO-8601 timestamp or per-partition offsets like "
-            f'{{"0": 42}}, got {value!r}'
-        )
+        raise ValueError(f"{expected}, got {type(value).__name__}")
 
 
-@dataclass(frozen=True)
-class Source:
-    bootstrap_servers: str
-    topic: str
-    starting_offsets: OffsetBound
-    kafka_options: Mapping[str, str]
+def _error(key: str, problem: str) -> PydanticCustomError:
+    """A validation error about ``key`` below the validated model (reported as its path)."""
+    return PydanticCustomError("oncemore", "{problem}", {"problem": problem, "key": key})
+
+
+def _offset_bound(value: Any) -> OffsetBound:
+    try:
+        return OffsetBound.parse(value)
+    except ValueError as exc:
+        raise _error("", str(exc)) from None
+
+
+StartingOffsets = Annotated[
+    OffsetBound,
+    BeforeValidator(_offset_bound),
+    PlainSerializer(lambda bound: bound.describe()),
+    WithJsonSchema({"anyOf": [
+        {"enum": ["earliest", "latest"]},
+        {"type": "string", "format": "date-time", "description": "the first record at or after this time"},
+        {"type": "object", "properties": {"timestamp": {"type": "string", "format": "date-time"}},
+         "required": ["timestamp"], "additionalProperties": False},
+        {"type": "object", "description": "offset per partition number",
+         "patternProperties": {"^[0-9]+$": {"type": "integer", "minimum": 0}}, "additionalProperties": False},
+    ]}),
+]
+Positive = Annotated[StrictInt, Field(ge=1)]
+
+
+def _option_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Source(_Model):
+    """Where records come from: one topic of one cluster."""
+
+    bootstrap_servers: StrictStr = Field(min_length=1)
+    topic: StrictStr = Field(min_length=1, pattern=r"\S")
+    starting_offsets: StartingOffsets = Field(
+        default=OffsetBound("earliest"),
+        description="Where partitions without a position start; defaults to airflow.start_date when set.")
+    kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings; ${ENV} for secrets")
     # A read that makes no progress for this long fails, naming partition and position
     # (a broker that never answers with OFFSET_OUT_OF_RANGE would otherwise hang the job).
-    stall_timeout_seconds: float = 60.0
+    stall_timeout_seconds: float = Field(default=60.0, gt=0, strict=False)
+
+    @field_validator("kafka_options", mode="before")
+    @classmethod
+    def _options_as_text(cls, value: Any) -> Any:
+        return _options_text(value)
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _no_bootstrap_option(cls, value: dict[str, str]) -> dict[str, str]:
+        if "bootstrap.servers" in value:
+            raise _error("bootstrap.servers", "set source.bootstrap_servers instead")
+        return value
 
     def kafka_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client of this pipeline (secrets included)."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_options}
 
 
-@dataclass(frozen=True)
-class Sink:
-    table_uri: str
-    quarantine_uri: str
-    partition_by: tuple[str, ...] = ()
+def _options_text(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    for key, option in value.items():
+        if not isinstance(option, (str, int, float, bool)):
+            raise _error(str(key), f"must be a scalar, got {type(option).__name__}")
+    return {str(k): _option_text(v) for k, v in value.items()}
+
+
+class Sink(_Model):
+    """Where records go: the main table and the quarantine table for records that cannot be stored."""
+
+    table_uri: StrictStr = Field(min_length=1)
+    quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
+    partition_by: tuple[StrictStr, ...] = ()
     # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _options_as_text(cls, value: Any) -> Any:
+        return _options_text(value)
+
+    @model_validator(mode="after")
+    def _quarantine_apart(self) -> "Sink":
+        if self.quarantine_uri is None:
+            object.__setattr__(self, "quarantine_uri", self.table_uri.rstrip("/") + "_quarantine")
+        elif self.quarantine_uri.rstrip("/") == self.table_uri.rstrip("/"):
+            raise _error("quarantine_uri", "must differ from table_uri")
+        return self
 
 
-@dataclass(frozen=True)
-class Format:
-    type: str  # "json" | "raw"
-    schema: str | None = None  # Spark DDL, for json
+class Format(_Model):
+    """How record values are decoded."""
+
+    type: Literal["json", "raw"]
+    ddl: StrictStr | None = Field(default=None, alias="schema", description="Spark DDL of the JSON values, e.g. 'id BIGINT, name STRING'")
+
+    @model_validator(mode="after")
+    def _schema_fits_type(self) -> "Format":
+        if self.type == "json":
+            if not self.ddl:
+                raise _error("schema", "is required for json (Spark DDL, e.g. 'id BIGINT, name STRING')")
+            try:
+                parse_schema(self.ddl)
+            except SchemaError as exc:
+                raise _error("schema", str(exc)) from None
+        elif self.ddl:
+            raise _error("schema", "only applies to type json")
+        return self
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_records_per_commit: int = 1_000_000
+class Limits(_Model):
+    max_records_per_commit: Positive = 1_000_000
     # Offsets per Spark task; a larger partition range is split into sub-ranges
     # (Spark's Kafka source calls this maxRecordsPerPartition).
-    max_records_per_partition: int = 1_000_000
+    max_records_per_partition: Positive = 1_000_000
     # Key + value bytes read per commit and per Spark task: a task stops at its share, so large
     # values make more, smaller commits instead of exhausting memory or Arrow's 2 GiB buffers.
-    max_bytes_per_commit: int = 8 << 30
-    max_bytes_per_task: int = 256 << 20
+    max_bytes_per_commit: Positive = 8 << 30
+    max_bytes_per_task: Positive = 256 << 20
 
 
-@dataclass(frozen=True)
-class AirflowSettings:
+class AirflowSettings(_Model):
     """How the pipeline's DAG runs. Runs cover data intervals of ``schedule`` (a cron string)."""
 
-    schedule: str = "0 * * * *"
-    start_date_ms: int | None = None
-    catchup: bool = False
-    max_active_runs: int = 1
-    owner: str = "oncemore"
-    retries: int = 2
-    retry_delay_minutes: float = 5.0
-    tags: tuple[str, ...] = ()
-    spark_conn_id: str = "oncemore_spark"
-    kafka_conn_id: str | None = None
+    schedule: StrictStr = Field(default="0 * * * *", pattern=r"^\s*\S+(\s+\S+){4}\s*$",
+                                description="5-field cron; each run covers one interval of it")
+    start_date: datetime | None = Field(default=None, description="ISO-8601; without a zone, UTC")
+    catchup: StrictBool = False
+    max_active_runs: Positive = 1
+    owner: StrictStr = "oncemore"
+    retries: Annotated[StrictInt, Field(ge=0)] = 2
+    retry_delay_minutes: Annotated[float, Field(gt=0)] = 5.0
+    tags: tuple[StrictStr, ...] = ()
+    spark_conn_id: StrictStr = "oncemore_spark"
+    kafka_conn_id: StrictStr | None = None
+
+    @field_validator("start_date")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+    @property
+    def start_date_ms(self) -> int | None:
+        return None if self.start_date is None else parse_timestamp_ms(self.start_date)
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    name: str
+class Pipeline(_Model):
+    """One pipeline file: a topic into a Delta table, exactly once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="oncemore pipeline")
+
+    name: StrictStr = Field(description="lowercase letters, digits and _, starting with a letter; the file's name")
     source: Source
     sink: Sink
     format: Format
     limits: Limits = Limits()
-    fail_on_data_loss: bool = True
+    fail_on_data_loss: StrictBool = True
     airflow: AirflowSettings = AirflowSettings()
-    origin: str = "<config>"
+    _origin: str = PrivateAttr("<config>")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_an_identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+            raise PydanticCustomError("name", "must be lowercase letters, digits and _ starting with a letter")
+        return value
+
+    @model_validator(mode="after")
+    def _start_at_start_date(self) -> "Pipeline":
+        # A scheduled pipeline starts with its first data interval.
+        start = self.airflow.start_date_ms
+        if start is not None and "starting_offsets" not in self.source.model_fields_set:
+            bound = OffsetBound(kind="timestamp", timestamp_ms=start)
+            object.__setattr__(self, "source", self.source.model_copy(update={"starting_offsets": bound}))
+        return self
+
+    @model_validator(mode="after")
+    def _partition_columns_exist(self) -> "Pipeline":
+        schema = self.table_schema()
+        for column in self.sink.partition_by:
+            if schema.get_field_index(column) < 0:
+                raise _error("sink.partition_by", f"{column!r} is not a column of the table ({', '.join(schema.names)})")
+            if str(schema.field(column).type) not in PARTITIONABLE_TYPES:
+                raise _error("sink.partition_by", f"{column!r} has type {schema.field(column).type}; partition by "
+                             f"one of {', '.join(sorted(PARTITIONABLE_TYPES))}")
+        if len(self.sink.partition_by) >= len(schema.names):
+            raise _error("sink.partition_by", "cannot partition by every column")
+        return self
+
+    @property
+    def origin(self) -> str:
+        """The file the pipeline was loaded from."""
+        return self._origin
 
     def table_schema(self):
         """The main table's Arrow schema."""
-        return main_table_schema(self.format.type, self.format.schema)
+        return main_table_schema(self.format.type, self.format.ddl)
 
     def redacted(self) -> dict[str, Any]:
         """The pipeline as a plain dict safe to print or log: secret option values masked."""
-        return {
-            "name": self.name,
-            "source": {
-                "bootstrap_servers": self.source.bootstrap_servers,
-                "topic": self.source.topic,
-                "starting_offsets": self.source.starting_offsets.describe(),
-                "kafka_options": redact_options(self.source.kafka_options),
-                "stall_timeout_seconds": self.source.stall_timeout_seconds,
-            },
-            "sink": {
-                "table_uri": self.sink.table_uri,
-                "quarantine_uri": self.sink.quarantine_uri,
-                "partition_by": list(self.sink.partition_by),
-            },
-            "format": {"type": self.format.type, "schema": self.format.schema},
-            "limits": asdict(self.limits),
-            "fail_on_data_loss": self.fail_on_data_loss,
-        }
+        shown = self.model_dump(mode="json", by_alias=True)
+        shown["source"]["kafka_options"] = redact_options(self.source.kafka_options)
+        shown["sink"]["storage_options"] = redact_options(self.sink.storage_options)
+        return shown
 
 
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,12 +315,17 @@ def format_timestamp_ms(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def parse_timestamp_ms(text: str) -> int:
-    """ISO-8601 to epoch milliseconds; a value without a zone is UTC."""
-    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+def parse_timestamp_ms(value: str | datetime) -> int:
+    """ISO-8601 text or a datetime to epoch milliseconds; a value without a zone is UTC."""
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value.replace("Z", "+00:00"))
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return int(parsed.timestamp() * 1000)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of pipeline files, for editors (`oncemore schema`)."""
+    return Pipeline.model_json_schema(by_alias=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,53 +375,6 @@ def load_all(directory: Path | None = None) -> tuple[list[Pipeline], dict[str, C
     return loaded, broken
 
 
-# ---------------------------------------------------------------------------------------------
-# Validation
-
-
-class _Section:
-    """Reads one mapping of the YAML, tracking the key path for error messages."""
-
-    def __init__(self, value: Any, source: str, path: str, allowed: set[str]):
-        self.source, self.path = source, path
-        if not isinstance(value, dict):
-            raise ConfigError(source, path or "<top>", f"must be a mapping, got {type(value).__name__}")
-        unknown = sorted(set(map(str, value)) - allowed)
-        if unknown:
-            raise ConfigError(
-                source, self._key(unknown[0]), f"unknown key (allowed: {', '.join(sorted(allowed))})"
-            )
-        self.value = value
-
-    def _key(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def error(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(self.source, self._key(key), problem)
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., required: bool = False):
-        if key not in self.value or self.value[key] is None:
-            if required or default is ...:
-                raise self.error(key, "is required")
-            return default
-        value = self.value[key]
-        # bool is an int in Python; a YAML `true` is never a valid number here.
-        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-            names = " or ".join(t.__name__ for t in _as_tuple(kind))
-            raise self.error(key, f"must be {names}, got {type(value).__name__} {value!r}")
-        return value
-
-    def section(self, key: str, allowed: set[str], required: bool = True) -> "_Section":
-        value = self.value.get(key)
-        if value is None and not required:
-            value = {}
-        return _Section(value, self.source, self._key(key), allowed)
-
-
-def _as_tuple(kind):
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
 def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: str = "") -> Any:
     """Replaces ``${VAR}`` and ``${VAR:-default}`` in every string of the document."""
     if isinstance(value, dict):
@@ -316,131 +396,36 @@ def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: st
 
 
 def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipeline:
-    raw = substitute_env(raw, source, environ)
-    top = _Section(raw, source, "", {"name", "source", "sink", "format", "limits", "fail_on_data_loss", "airflow"})
-    name = top.get("name", str, required=True)
-    if not _NAME.match(name):
-        raise top.error("name", f"must be lowercase letters, digits and _ starting with a letter, got {name!r}")
-
-    src = top.section(
-        "source", {"bootstrap_servers", "topic", "starting_offsets", "kafka_options", "stall_timeout_seconds"}
-    )
-    topic = src.get("topic", str, required=True)
-    if not topic.strip():
-        raise src.error("topic", "must not be empty")
-    kafka_options = src.get("kafka_options", dict, default={})
-    for key, value in kafka_options.items():
-        if not isinstance(value, (str, int, float, bool)):
-            raise src.error(f"kafka_options.{key}", f"must be a scalar, got {type(value).__name__}")
-    if "bootstrap.servers" in kafka_options:
-        raise src.error("kafka_options.bootstrap.servers", "set source.bootstrap_servers instead")
-    stall = src.get("stall_timeout_seconds", (int, float), default=60.0)
-    if stall <= 0:
-        raise src.error("stall_timeout_seconds", "must be positive")
-    airflow = _parse_airflow(top)
-    source_cfg = Source(
-        bootstrap_servers=src.get("bootstrap_servers", str, required=True),
-        topic=topic,
-        starting_offsets=_parse_starting_offsets(src, airflow),
-        kafka_options={str(k): _option_text(v) for k, v in kafka_options.items()},
-        stall_timeout_seconds=float(stall),
-    )
-
-    sink = top.section("sink", {"table_uri", "quarantine_uri", "partition_by"})
-    table_uri = sink.get("table_uri", str, required=True)
-    partition_by = sink.get("partition_by", list, default=[])
-    sink_cfg = Sink(
-        table_uri=table_uri,
-        quarantine_uri=sink.get("quarantine_uri", str, default=table_uri.rstrip("/") + "_quarantine"),
-        partition_by=tuple(partition_by),
-    )
-    if sink_cfg.quarantine_uri.rstrip("/") == table_uri.rstrip("/"):
-        raise sink.error("quarantine_uri", "must differ from table_uri")
-
-    fmt = top.section("format", {"type", "schema"})
-    fmt_type = fmt.get("type", str, required=True)
-    if fmt_type not in ("json", "raw"):
-        raise fmt.error("type", f"must be json or raw, got {fmt_type!r}")
-    schema_text = fmt.get("schema", str, default=None)
-    if fmt_type == "json":
-        if not schema_text:
-            raise fmt.error("schema", "is required for json (Spark DDL, e.g. 'id BIGINT, name STRING')")
-        try:
-            parse_schema(schema_text)
-        except SchemaError as exc:
-            raise fmt.error("schema", str(exc)) from exc
-    elif schema_text:
-        raise fmt.error("schema", "only applies to type json")
-    format_cfg = Format(type=fmt_type, schema=schema_text)
-
-    limit_keys = set(Limits.__dataclass_fields__)
-    lim = top.section("limits", limit_keys, required=False)
-    limits = Limits(**{key: lim.get(key, int, default=getattr(Limits, key)) for key in limit_keys})
-    for key in sorted(limit_keys):
-        if getattr(limits, key) < 1:
-            raise lim.error(key, "must be at least 1")
-
-    pipeline = Pipeline(
-        name=name,
-        source=source_cfg,
-        sink=sink_cfg,
-        format=format_cfg,
-        limits=limits,
-        fail_on_data_loss=top.get("fail_on_data_loss", bool, default=True),
-        airflow=airflow,
-        origin=source,
-    )
-    _check_partition_by(pipeline, sink)
+    """A validated pipeline from a parsed YAML document; ConfigError names the first problem."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, "", f"must be a mapping, got {type(raw).__name__}")
+    try:
+        pipeline = Pipeline.model_validate(substitute_env(raw, source, environ))
+    except ValidationError as exc:
+        raise _config_error(source, exc.errors(include_input=False, include_url=False)[0]) from None
+    pipeline._origin = source
     return pipeline
 
 
-def _option_text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+def _config_error(source: str, error: Mapping[str, Any]) -> ConfigError:
+    """Pydantic's error as file, dotted key and problem. The message never quotes the input."""
+    loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    context = error.get("ctx") or {}
+    if context.get("key"):
+        loc.append(context["key"])
+    problem = error["msg"]
+    if error["type"] == "missing":
+        problem = "is required"
+    elif error["type"] == "extra_forbidden":
+        problem = f"unknown key (allowed: {', '.join(_allowed_keys(loc[:-1]))})"
+    return ConfigError(source, ".".join(loc), problem)
 
 
-def _parse_starting_offsets(src: _Section, airflow: AirflowSettings) -> OffsetBound:
-    if "starting_offsets" not in src.value and airflow.start_date_ms is not None:
-        # A scheduled pipeline starts with its first data interval.
-        return OffsetBound(kind="timestamp", timestamp_ms=airflow.start_date_ms)
-    try:
-        return OffsetBound.parse(src.value.get("starting_offsets", "earliest"))
-    except ValueError as exc:
-        raise src.error("starting_offsets", str(exc)) from exc
-
-
-def _parse_airflow(top: _Section) -> AirflowSettings:
-    section = top.section("airflow", {
-        "schedule", "start_date", "catchup", "max_active_runs", "owner", "retries", "retry_delay_minutes", "tags",
-        "spark_conn_id", "kafka_conn_id",
-    }, required=False)
-    defaults = AirflowSettings()
-    start_date = section.get("start_date", (str, datetime), default=None)
-    start_date_ms = None
-    if start_date is not None:
-        try:
-            start_date_ms = parse_timestamp_ms(start_date.isoformat() if isinstance(start_date, datetime) else start_date)
-        except ValueError:
-            raise section.error("start_date", f"not an ISO-8601 timestamp: {start_date!r}") from None
-    schedule = section.get("schedule", str, default=defaults.schedule)
-    if len(schedule.split()) != 5:
-        raise section.error("schedule", f"must be a 5-field cron expression, got {schedule!r}")
-    settings = AirflowSettings(
-        schedule=schedule,
-        start_date_ms=start_date_ms,
-        catchup=section.get("catchup", bool, default=defaults.catchup),
-        max_active_runs=section.get("max_active_runs", int, default=defaults.max_active_runs),
-        owner=section.get("owner", str, default=defaults.owner),
-        retries=section.get("retries", int, default=defaults.retries),
-        retry_delay_minutes=float(section.get("retry_delay_minutes", (int, float), default=defaults.retry_delay_minutes)),
-        tags=tuple(str(t) for t in section.get("tags", list, default=[])),
-        spark_conn_id=section.get("spark_conn_id", str, default=defaults.spark_conn_id),
-        kafka_conn_id=section.get("kafka_conn_id", str, default=None),
-    )
-    if settings.max_active_runs < 1:
-        raise section.error("max_active_runs", "must be at least 1")
-    if settings.retries < 0:
-        raise section.error("retries", "must not be negative")
-    return settings
+def _allowed_keys(loc: list[str]) -> list[str]:
+    model: type[BaseModel] = Pipeline
+    for part in loc:
+        model = model.model_fields[part].annotation
+    return sorted(field.alias or name for name, field in model.model_fields.items())
 
 
 def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pipeline:
@@ -449,24 +434,11 @@ def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pi
     unknown = set(overrides) - {"bootstrap_servers", "kafka_options"}
     if unknown:
         raise ConfigError("Kafka overrides", sorted(unknown)[0], "unknown key (allowed: bootstrap_servers, kafka_options)")
-    source = replace(
-        pipeline.source,
-        bootstrap_servers=overrides.get("bootstrap_servers") or pipeline.source.bootstrap_servers,
-        kafka_options={**pipeline.source.kafka_options,
-                       **{k: _option_text(v) for k, v in overrides.get("kafka_options", {}).items()}},
-    )
-    return replace(pipeline, source=source)
-
-
-def _check_partition_by(pipeline: Pipeline, sink: _Section) -> None:
-    schema = pipeline.table_schema()
-    for column in pipeline.sink.partition_by:
-        if not isinstance(column, str) or schema.get_field_index(column) < 0:
-            raise sink.error("partition_by", f"{column!r} is not a column of the table ({', '.join(schema.names)})")
-        if str(schema.field(column).type) not in PARTITIONABLE_TYPES:
-            raise sink.error(
-                "partition_by", f"{column!r} has type {schema.field(column).type}; partition by "
-                f"one of {', '.join(sorted(PARTITIONABLE_TYPES))}"
-            )
-    if len(pipeline.sink.partition_by) >= len(schema.names):
-        raise sink.error("partition_by", "cannot partition by every column")
+    source = pipeline.source.model_copy(update={
+        "bootstrap_servers": overrides.get("bootstrap_servers") or pipeline.source.bootstrap_servers,
+        "kafka_options": {**pipeline.source.kafka_options,
+                          **{k: _option_text(v) for k, v in overrides.get("kafka_options", {}).items()}},
+    })
+    changed = pipeline.model_copy(update={"source": source})
+    changed._origin = pipeline.origin
+    return changed

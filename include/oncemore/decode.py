@@ -9,7 +9,9 @@ DATE and TIMESTAMP columns are read as text and converted here (Arrow's JSON rea
 only as day numbers): ISO-8601 values, a timestamp without a zone is UTC (the session time zone
 oncemore gives Spark). A number is refused, since its unit (s, ms, us) would be a guess. A
 record whose Kafka timestamp a microsecond timestamp cannot hold (a producer stamping
-nanoseconds) is quarantined too, whatever the format: its timestamp could not be stored.
+nanoseconds) is quarantined too, whatever the format: its timestamp could not be stored. So is
+an empty string in a partition column: Delta reads an empty partition value as NULL (protocol,
+Partition Value Serialization), so the row would not read back as it was sent.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class Decoded:
 
 
 class Decoder:
-    def __init__(self, format_type: str, schema_ddl: str | None = None):
-        self.format_type = format_type
+    def __init__(self, format_type: str, schema_ddl: str | None = None, partition_by: tuple[str, ...] = ()):
+        self.format_type, self.partition_by = format_type, partition_by
         self.declared = parse_schema(schema_ddl) if format_type == "json" else None
         if self.declared is not None:
             # Parse leniently as nullable, temporal columns as text; NOT NULL and temporal values
@@ -132,6 +134,10 @@ class Decoder:
                 column, bad = _to_temporal(field.name, column, field.type)
                 for row, message in bad.items():
                     failures.setdefault(row, message)
+            if field.name in self.partition_by and pa.types.is_string(field.type):
+                for row in pc.indices_nonzero(pc.fill_null(pc.equal(column, ""), False)).to_pylist():
+                    failures.setdefault(row, f"column {field.name!r} partitions the table and Delta reads an empty "
+                                             "partition value as NULL: the row would not read back as sent")
             columns.append(column)
         table = pa.Table.from_arrays(columns, schema=self.declared)
         if failures:

@@ -31,12 +31,16 @@ TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
 class DevBroker:
     """A broker to develop and test against: a local process of ours, or any reachable cluster."""
 
-    def __init__(self, bootstrap_servers: str, command: list[str] | None = None, process: subprocess.Popen | None = None):
+    def __init__(self, bootstrap_servers: str, command: list[str] | None = None, process: subprocess.Popen | None = None,
+                 client_options: dict[str, str] | None = None):
         self.bootstrap_servers, self.command, self.process = bootstrap_servers, command, process
+        # librdkafka settings a client needs besides the address (SASL for a broker started with it).
+        self.client_options = client_options or {}
 
     def _client_config(self) -> dict:
         # Through Python logging: a handle outliving the broker must not print after a test run.
-        return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger("oncemore.devbroker")}
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger("oncemore.devbroker"),
+                **self.client_options}
 
     def admin(self) -> AdminClient:
         # Kept while its requests are answered: a collected client destroys its pending futures.
@@ -165,17 +169,19 @@ def start_test_broker(binary: str, *, data_dir: str | None = None, sasl: str | N
     """The faithful test broker (``kafka-test-broker``) on a free port of 127.0.0.1."""
     if not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"kafka-test-broker not found or not executable at {binary}")
-    command = [binary, "-port", "0"]
+    command, client_options = [binary, "-port", "0"], {}
     if data_dir:
         command += ["-data-dir", data_dir]
     if sasl:
         # The password travels on the broker's command line: a local test broker's, never a pipeline's.
         command += ["-sasl", sasl, "-user", user, "-password", password]
+        client_options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": sasl,
+                          "sasl.username": user, "sasl.password": password}
     for key, value in (configs or {}).items():
         command += ["-c", f"{key}={value}"]
     address, process = _launch_test_broker(command)
     command[2] = address.rsplit(":", 1)[1]  # a restart comes back on the same address
-    return DevBroker(address, command, process)
+    return DevBroker(address, command, process, client_options)
 
 
 def _launch_test_broker(command: list[str]) -> tuple[str, subprocess.Popen]:

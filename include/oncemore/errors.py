@@ -49,3 +49,7 @@ class CommitConflict(OncemoreError):
 
 class InvalidDataFile(OncemoreError):
     """A written file is not what the commit may reference (missing, wrong schema, offsets outside its range)."""
+
+
+class UnsupportedTable(OncemoreError):
+    """An existing table asks writers for work oncemore does not do (constraints, features)."""

@@ -8,17 +8,21 @@ offsets [start, end) of one partition: read_committed, past transaction markers,
 
 from __future__ import annotations
 
+import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .config import Pipeline
 
-REQUEST_TIMEOUT_SECONDS = 30.0
 _POLL_SECONDS = 0.5
+# librdkafka's own log (connection retries, ...): through Python logging, not straight to stderr.
+# Failures reach the caller as errors naming what failed; the CLI keeps this log quiet.
+CLIENT_LOG = logging.getLogger("oncemore.librdkafka")
 # A topic ID of all zeros is how the protocol says "no ID" (brokers before Kafka 2.8).
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 
@@ -58,8 +62,26 @@ class TopicState:
     identity: TopicIdentity
 
 
+def _timeout(pipeline: Pipeline) -> float:
+    """How long a Kafka request may take: the pipeline's stall timeout bounds every wait on Kafka."""
+    return pipeline.source.stall_timeout_seconds
+
+
 def admin_client(pipeline: Pipeline) -> AdminClient:
-    return AdminClient(pipeline.source.kafka_config())
+    """An admin client that keeps librdkafka's error events (``client_errors``): a request that
+    times out says only "transport failure", the events say why (refused, authentication, TLS)."""
+    errors: list[KafkaError] = []
+    client = AdminClient({**pipeline.source.kafka_config(), "logger": CLIENT_LOG, "error_cb": errors.append})
+    client.client_errors = errors
+    return client
+
+
+def _why(admin: AdminClient, exc: KafkaException) -> str:
+    """The failure of a request, with the client's last error event when there was one."""
+    admin.poll(0)  # serves queued error events
+    events = getattr(admin, "client_errors", [])
+    cause = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
+    return f"{cause} (last client error: {events[-1].str()})" if events else cause
 
 
 def consumer_config(pipeline: Pipeline) -> dict[str, str]:
@@ -69,6 +91,9 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
         # prefetch queue stays bounded by queued.max.messages.kbytes (64 MiB) whatever the values' size.
         "queued.min.messages": "500000",
         "fetch.queue.backoff.ms": "10",
+        # A range's reader waits for its last records; a fetch the broker parks for the default
+        # 500 ms made every small range cost half a second (measured on the test broker; 100 ms: 66 ms).
+        "fetch.wait.max.ms": "10",
         **pipeline.source.kafka_config(),
         # Not overridable: these make the read exact.
         "group.id": f"oncemore-{pipeline.name}",
@@ -86,21 +111,22 @@ def describe_topic(admin: AdminClient, pipeline: Pipeline) -> TopicState:
     try:
         # All topics, not a named one: a named Metadata request may auto-create the topic
         # (brokers with auto.create.topics.enable; librdkafka's admin handle allows it).
-        metadata = admin.list_topics(timeout=REQUEST_TIMEOUT_SECONDS)
+        metadata = admin.list_topics(timeout=_timeout(pipeline))
     except KafkaException as exc:
         raise KafkaSourceError(
-            f"pipeline {pipeline.name}: cannot reach Kafka at {pipeline.source.bootstrap_servers}: {exc}"
+            f"pipeline {pipeline.name}: cannot reach Kafka at {pipeline.source.bootstrap_servers} within "
+            f"{_timeout(pipeline):.0f}s (source.stall_timeout_seconds): {_why(admin, exc)}"
         ) from exc
     topic_md = metadata.topics.get(topic)
     if topic_md is None or topic_md.error is not None or not topic_md.partitions:
         cause = "it does not exist" if topic_md is None else (topic_md.error.str() if topic_md.error else "no partitions")
         raise KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: {cause}")
     # DescribeTopics never auto-creates; it is asked only once the topic is known to exist.
-    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=REQUEST_TIMEOUT_SECONDS).values()
+    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=_timeout(pipeline)).values()
     try:
         topic_id = str(future.result().topic_id)
     except KafkaException as exc:
-        raise KafkaSourceError(f"pipeline {pipeline.name}: cannot describe topic {topic!r}: {exc}") from exc
+        raise KafkaSourceError(f"pipeline {pipeline.name}: cannot describe topic {topic!r}: {_why(admin, exc)}") from exc
     identity = TopicIdentity(
         topic_id=None if topic_id in ("", _NO_TOPIC_ID) else topic_id,
         cluster_id=metadata.cluster_id or None,
@@ -114,7 +140,7 @@ def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[int, Offse
     topic = pipeline.source.topic
     request = {TopicPartition(topic, p): spec for p, spec in specs.items()}
     futures = admin.list_offsets(
-        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=REQUEST_TIMEOUT_SECONDS
+        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_timeout(pipeline)
     )
     result = {}
     for tp, future in futures.items():
@@ -122,7 +148,7 @@ def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[int, Offse
             result[tp.partition] = future.result().offset
         except KafkaException as exc:
             raise KafkaSourceError(
-                f"pipeline {pipeline.name}: ListOffsets failed for {topic}/{tp.partition}: {exc}"
+                f"pipeline {pipeline.name}: ListOffsets failed for {topic}/{tp.partition}: {_why(admin, exc)}"
             ) from exc
     return result
 
@@ -144,44 +170,67 @@ def offsets_for_timestamp(
     return {p: (offset if offset >= 0 else None) for p, offset in found.items()}
 
 
+@contextmanager
+def range_consumer(config: Mapping[str, str]) -> Iterator[Consumer]:
+    """A consumer (of ``consumer_config`` settings) for any number of ``read_messages`` calls in turn:
+    one per Spark task, since creating and closing one costs about as much as reading a small range."""
+    consumer = Consumer({**config, "logger": CLIENT_LOG})
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
 def read_messages(
-    config: Mapping[str, str], topic: str, partition: int, start: int, end: int, stall_timeout: float, where: str
+    consumer: Consumer, topic: str, partition: int, start: int, end: int, stall_timeout: float, where: str
 ) -> Iterator[list]:
     """The data messages of ``topic/partition`` in [start, end), in offset order, a list at a time.
 
     Stops once the consumer's position reaches ``end``: offsets held by transaction markers,
     aborted or compacted records are never delivered, so counting messages would wait forever.
     Fails (KafkaReadError naming the offsets) on a read error, an offset out of range, or when
-    the position does not move for ``stall_timeout`` seconds. Closing the generator early is fine.
+    the position does not move for ``stall_timeout`` seconds: a broker restart or a lost
+    connection (librdkafka reconnects on its own) is waited out for that long, then named.
+    Closing the generator early is fine; the consumer is assigned to this range alone.
     """
-    consumer = Consumer(dict(config))
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        position, last_progress = start, time.monotonic()
-        while position < end:
-            messages = consumer.consume(num_messages=10_000, timeout=_POLL_SECONDS)
-            if messages:
-                errors = [m.error() for m in messages if m.error() is not None]
-                if errors:
-                    raise KafkaReadError(f"{where}: read failed at offset {position} of range [{start}, {end}): {errors[0]}")
-                if messages[0].offset() < position:
-                    raise KafkaReadError(f"{where}: broker returned offset {messages[0].offset()} before position {position}")
-                if messages[-1].offset() >= end:
-                    messages = [m for m in messages if m.offset() < end]
-                    new_position = end
-                else:
-                    new_position = messages[-1].offset() + 1
-                if messages:
-                    yield messages
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position, last_progress, transient = start, time.monotonic(), None
+    while position < end:
+        # consume() waits for num_messages or the timeout: never ask for more than the range holds.
+        messages = consumer.consume(num_messages=min(10_000, end - position), timeout=_POLL_SECONDS)
+        errors = [m.error() for m in messages if m.error() is not None]
+        fatal = [e for e in errors if not _transient(e)]
+        if fatal:
+            raise KafkaReadError(f"{where}: read failed at offset {position} of range [{start}, {end}): "
+                                 f"{fatal[0].name()}: {fatal[0].str()}")
+        if errors:  # waited out below, within the stall timeout
+            transient = errors[-1]
+        # Data of this range only: never a record fetched for an earlier assignment of a reused
+        # consumer (librdkafka discards those; this keeps it so).
+        messages = [m for m in messages if m.error() is None and m.partition() == partition and m.topic() == topic]
+        if messages:
+            if messages[0].offset() < position:
+                raise KafkaReadError(f"{where}: broker returned offset {messages[0].offset()} before position {position}")
+            if messages[-1].offset() >= end:
+                messages = [m for m in messages if m.offset() < end]
+                new_position = end
             else:
-                # Transaction markers (and aborted records) advance the position without a message.
-                new_position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if new_position > position:
-                position, last_progress = new_position, time.monotonic()
-            elif time.monotonic() - last_progress > stall_timeout:
-                raise KafkaReadError(
-                    f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range "
-                    f"[{start}, {end}): the records are missing from the broker (deleted, or the topic was recreated)"
-                )
-    finally:
-        consumer.close()
+                new_position = messages[-1].offset() + 1
+            if messages:
+                yield messages
+        else:
+            # Transaction markers (and aborted records) advance the position without a message.
+            new_position = consumer.position([TopicPartition(topic, partition)])[0].offset
+        if new_position > position:
+            position, last_progress = new_position, time.monotonic()
+        elif time.monotonic() - last_progress > stall_timeout:
+            cause = (f"the broker is unreachable ({transient.name()}: {transient.str()})" if transient else
+                     "the records are missing from the broker (deleted, or the topic was recreated)")
+            raise KafkaReadError(
+                f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range [{start}, {end}): {cause}")
+
+
+def _transient(error: KafkaError) -> bool:
+    """Errors librdkafka recovers from by itself (a broker restarting, a dropped connection)."""
+    return error.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT) or (
+        error.retriable() and not error.fatal())

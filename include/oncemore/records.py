@@ -11,11 +11,12 @@ then says where the next read must begin (the range end when the whole range was
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Consumer
 
 from .kafka import read_messages
 from .schema import RECORD_SCHEMA, TIMESTAMP
@@ -33,16 +34,16 @@ class RangeRecords:
     """Iterates the Arrow batches of offsets [start, end) of one partition; afterwards ``reached``
     and ``bytes_read`` say how far the read went and how many key + value bytes it took."""
 
-    def __init__(self, config: Mapping[str, str], topic: str, partition: int, start: int, end: int,
+    def __init__(self, consumer: Consumer, topic: str, partition: int, start: int, end: int,
                  stall_timeout: float, where: str, max_bytes: int | None = None):
-        self.config, self.topic, self.partition = config, topic, partition
+        self.consumer, self.topic, self.partition = consumer, topic, partition
         self.start, self.end, self.stall_timeout, self.where = start, end, stall_timeout, where
         self.max_bytes = max_bytes
         self.reached, self.bytes_read = start, 0
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         columns = _Columns()
-        for messages in read_messages(self.config, self.topic, self.partition, self.start, self.end,
+        for messages in read_messages(self.consumer, self.topic, self.partition, self.start, self.end,
                                       self.stall_timeout, self.where):
             if self.max_bytes is not None:
                 messages, stop = self._within_budget(messages)

@@ -22,7 +22,7 @@ from .config import OffsetBound, Pipeline
 from .errors import CommitConflict, StalePlan, TopicChanged
 from .kafka import consumer_config
 from .ledger import CommitRecord, Ledger
-from .planner import LATEST, Batch, OffsetRange, Plan, describe, plan_run, split_tasks
+from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
 from .schema import QUARANTINE_SCHEMA
 from .storage import table_location
 from .writer import TaskResult, TaskSpec, task_result
@@ -183,13 +183,14 @@ class _Run:
                 self.bytes_per_offset[result.kafka_partition] = result.bytes_read / (result.reached - result.start)
 
     def _write_files(self, tasks, budget: int, floors: dict[int, int]) -> list[TaskResult]:
-        """One Spark job: each task reads its range (up to ``budget`` bytes), decodes it and writes
-        Parquet files; the driver gets back one manifest row per task."""
+        """One Spark job: each task reads its ranges (each up to ``budget`` bytes), decodes them and
+        writes Parquet files; the driver gets back one manifest row per range."""
         from .source import INGEST_NAME  # imports pyspark: only once there is work to do
 
         pipeline = self.pipeline
+        groups = group_tasks(tasks, self.spark.sparkContext.defaultParallelism, pipeline.limits.max_records_per_partition)
         spec = TaskSpec(
-            format_type=pipeline.format.type, schema_ddl=pipeline.format.schema, table_uri=pipeline.sink.table_uri,
+            format_type=pipeline.format.type, schema_ddl=pipeline.format.ddl, table_uri=pipeline.sink.table_uri,
             quarantine_uri=pipeline.sink.quarantine_uri, partition_by=pipeline.sink.partition_by,
             quarantine_floors=floors, storage_options=dict(pipeline.sink.storage_options),
         )
@@ -197,7 +198,7 @@ class _Run:
             self.spark.read.format(INGEST_NAME)
             .option("pipeline", pipeline.name)
             .option("topic", pipeline.source.topic)
-            .option("tasks", json.dumps([[t.partition, t.start, t.end] for t in tasks]))
+            .option("tasks", json.dumps([[[t.partition, t.start, t.end] for t in group] for group in groups]))
             .option("maxBytesPerTask", str(budget))
             .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
             .option("sink", spec.to_json())

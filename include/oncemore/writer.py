@@ -117,7 +117,7 @@ class TaskSpec:
 
 def write_task(records: RangeRecords, spec: TaskSpec) -> TaskResult:
     """Decodes a task's records and writes them as Parquet files into both tables."""
-    decoder = Decoder(spec.format_type, spec.schema_ddl)
+    decoder = Decoder(spec.format_type, spec.schema_ddl, spec.partition_by)
     main = TableWriter("main", spec.table_uri, main_table_schema(spec.format_type, spec.schema_ddl),
                        spec.partition_by, spec.storage_options)
     quarantine = TableWriter("quarantine", spec.quarantine_uri, QUARANTINE_SCHEMA, (), spec.storage_options)

@@ -69,7 +69,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
 
 
 def _doc(pipeline: Pipeline) -> str:
-    fmt = pipeline.format.type + (f" (`{pipeline.format.schema}`)" if pipeline.format.schema else "")
+    fmt = pipeline.format.type + (f" (`{pipeline.format.ddl}`)" if pipeline.format.ddl else "")
     return (
         f"### oncemore pipeline `{pipeline.name}`\n\n"
         f"Exactly-once ingestion of Kafka topic `{pipeline.source.topic}` into Delta table "
