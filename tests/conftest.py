@@ -1,4 +1,5 @@
-"""Fixtures: a real broker, a real local Spark, real Delta tables on disk, and an independent reader.
+"""Fixtures: a real broker, a real local Spark, real Delta tables on disk or on a local S3 API
+server (moto), and an independent reader.
 
 The broker is the faithful Kafka test broker (``../shared/bin/kafka-test-broker``, or the path in
 ONCEMORE_TEST_BROKER), started once per session; ONCEMORE_TEST_BOOTSTRAP points the suite at an
@@ -67,6 +68,24 @@ def own_broker(tmp_path):
     for local in started:
         local.stop()
     gc.collect()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3 API server (moto) for the session, stopped with it."""
+    from oncemore.devstore import start_s3_server
+
+    server = start_s3_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh bucket per test: ``s3://<bucket>``."""
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    return f"s3://{bucket}"
 
 
 @pytest.fixture(scope="session")

@@ -79,7 +79,7 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
 
     assert sorted(bag.dags) == ["oncemore__orders", "oncemore__payments"]
     (error,) = bag.import_errors.values()
-    assert f"{tmp_path / 'broken.yaml'}: source.topic: must be str" in error
+    assert f"{tmp_path / 'broken.yaml'}: source.topic: Input should be a valid string" in error
 
 
 def test_rerun_of_an_interval_is_a_noop_that_skips_spark(airflow_db, broker, topic, make_pipeline):
@@ -251,6 +251,35 @@ def test_kafka_connection_maps_hosts_sasl_and_options(make_pipeline, monkeypatch
     assert resolved.source.kafka_options == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
                                              "sasl.username": "svc", "sasl.password": "s3cret"}
     assert "s3cret" not in json.dumps(resolved.redacted())
+
+
+def test_connection_secrets_reach_the_spark_job_in_a_private_file_never_its_command_or_conf(make_pipeline, monkeypatch):
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from oncemore_airflow.operators import OncemoreIngestOperator
+
+    pipeline = make_pipeline("t", airflow=airflow_section(kafka_conn_id="kafka_sasl"))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SASL", json.dumps(
+        {"conn_type": "kafka", "host": "b1:9093", "login": "svc", "password": "s3cret-9f2", "extra": {"security.protocol": "SASL_SSL"}}))
+    # On YARN (and Kubernetes) the provider turns env_vars into --conf spark.yarn.appMasterEnv.* arguments.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    seen = {}
+
+    def submitted(operator, context):
+        command = SparkSubmitHook(conn_id="spark_yarn", env_vars=operator.env_vars, py_files=operator.py_files,
+                                  application_args=operator.application_args)._build_spark_submit_command(operator.application)
+        overrides_file = Path(operator.application_args[operator.application_args.index("--kafka-overrides-file") + 1])
+        seen.update(command=" ".join(command), mode=overrides_file.stat().st_mode & 0o777,
+                    overrides=json.loads(overrides_file.read_text()))
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", submitted)
+    ti = type("TI", (), {"xcom_pull": lambda self, task_ids, key: "{}"})()
+    OncemoreIngestOperator(task_id="ingest", config_path=pipeline.origin, kafka_conn_id="kafka_sasl",
+                           conn_id="spark_yarn").execute({"ti": ti, "run_id": "manual__1"})
+
+    assert "s3cret-9f2" not in seen["command"] and "appMasterEnv" not in seen["command"]
+    assert seen["mode"] == 0o600 and seen["overrides"]["kafka_options"]["sasl.password"] == "s3cret-9f2"
 
 
 def test_a_run_ends_at_its_param_else_its_interval_end_else_latest():

@@ -220,8 +220,8 @@ def test_two_processes_racing_for_the_same_range_commit_once(broker, topic, make
     assert len(oncemore_commits(pipeline.sink.table_uri)) == 1
 
 
-def _commit_racer(table_uri, topic, rows, barrier, results):
-    """Runs in a spawned process: writes its own file for offsets [0, rows), then commits at the barrier."""
+def _commit_racer(table_uri, storage_options, topic, start, end, barrier, results):
+    """Runs in a spawned process: writes its own file for offsets [start, end), then commits at the barrier."""
     import pyarrow as pa
 
     from oncemore.committer import commit
@@ -229,40 +229,55 @@ def _commit_racer(table_uri, topic, rows, barrier, results):
     from oncemore.schema import QUARANTINE_SCHEMA
     from oncemore.writer import TableWriter
 
+    rows = end - start
     table = pa.table({
         "key": pa.array([None] * rows, pa.binary()), "value": pa.array([b"x"] * rows, pa.binary()),
         "error": ["e"] * rows, "_kafka_topic": [topic] * rows, "_kafka_partition": pa.array([0] * rows, pa.int32()),
-        "_kafka_offset": pa.array(range(rows), pa.int64()), "_kafka_timestamp": pa.array([None] * rows, pa.timestamp("us", tz="UTC")),
+        "_kafka_offset": pa.array(range(start, end), pa.int64()),
+        "_kafka_timestamp": pa.array([None] * rows, pa.timestamp("us", tz="UTC")),
     }).cast(QUARANTINE_SCHEMA)
-    writer = TableWriter("main", table_uri, QUARANTINE_SCHEMA)
+    writer = TableWriter("main", table_uri, QUARANTINE_SCHEMA, (), storage_options)
     writer.write(table)
     files = writer.close()
-    record = CommitRecord(pipeline="racers", run_id=f"racer-{os.getpid()}", ranges={topic: {"0": [0, rows]}},
+    record = CommitRecord(pipeline="racers", run_id=f"racer-{os.getpid()}", ranges={topic: {"0": [start, end]}},
                           records={"written": rows, "quarantined": 0}, topic=topic)
+    ledger = Ledger(table_uri, "racers", topic, storage_options)
     barrier.wait(timeout=60)
-    results.put(commit(Ledger(table_uri, "racers", topic), files, {0: None}, {0: rows}, [0], record).status)
+    results.put(commit(ledger, files, {0: start or None}, {0: end}, [0], record).status)
 
 
-def test_concurrent_commits_of_the_same_batch_have_exactly_one_winner(tmp_path):
+@pytest.mark.parametrize("store", ["local disk", "S3"])
+def test_concurrent_commits_of_the_same_batch_have_exactly_one_winner(tmp_path, store, request):
     from oncemore.committer import ensure_table
     from oncemore.schema import QUARANTINE_SCHEMA
 
-    table_uri = str(tmp_path / "race")
-    ensure_table(table_uri, QUARANTINE_SCHEMA, (), "race", "commit race")
+    if store == "S3":  # delta-rs's conditional put (ETag) on a real S3 API
+        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
+        table_uri, options = f"{bucket}/race", {**server.storage_options(), "conditional_put": "etag"}
+    else:
+        table_uri, options = str(tmp_path / "race"), {}
+    ensure_table(table_uri, QUARANTINE_SCHEMA, (), "race", "commit race", options)
     context = multiprocessing.get_context("spawn")  # fork hangs after deltalake was used (PLATFORM.md)
-    barrier, results = context.Barrier(3), context.Queue()
-    racers = [context.Process(target=_commit_racer, args=(table_uri, "t", 500, barrier, results)) for _ in range(3)]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join(120)
-        assert racer.exitcode == 0
-    statuses = sorted(results.get(timeout=5) for _ in racers)
+    statuses = []
+    for round_ in range(3):  # three ranges, each raced for by three processes
+        barrier, results = context.Barrier(3), context.Queue()
+        racers = [context.Process(target=_commit_racer, args=(table_uri, options, "t", 500 * round_, 500 * (round_ + 1), barrier, results))
+                  for _ in range(3)]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(120)
+            assert racer.exitcode == 0
+        statuses.append(sorted(results.get(timeout=5) for _ in racers))
 
-    assert statuses.count("committed") == 1, statuses
-    assert set(statuses) - {"committed"} <= {"already_committed", "lost_race"}
-    assert_exactly_once(read_pairs(table_uri), [(0, o) for o in range(500)])
-    assert DeltaTable(table_uri).transaction_version(app_id("racers", "t", 0)) == 500
+    for raced in statuses:
+        assert raced.count("committed") == 1, statuses
+        assert set(raced) - {"committed"} <= {"already_committed", "lost_race"}
+    table = DeltaTable(table_uri, storage_options=options)
+    assert table.version() == 3, "table creation and one commit per range: none lost, none doubled"
+    local = server.download(table_uri, tmp_path / "copy") if store == "S3" else Path(table_uri)
+    assert_exactly_once(read_pairs(str(local)), [(0, o) for o in range(1_500)])
+    assert table.transaction_version(app_id("racers", "t", 0)) == 1_500
 
 
 def test_aborted_transactions_never_land(broker, topic, make_pipeline, spark):

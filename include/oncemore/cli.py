@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from .planner import Plan, describe, plan_run
 from .report import format_status, status
 
 EXIT_FAILURE, EXIT_USAGE = 1, 2
-KAFKA_OVERRIDES_ENV = "ONCEMORE_KAFKA_OVERRIDES"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--plan-file", type=Path,
                      help="ingest the plan in this file (what `plan --json` prints) instead of planning")
     run.add_argument("--master", help="Spark master (default: ONCEMORE_SPARK_MASTER or Spark's default)")
+    run.add_argument("--kafka-overrides-file", type=Path,
+                     help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
     plan.add_argument("--until", default="latest", help=until_help)
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
@@ -96,13 +96,14 @@ def _pipeline(args) -> Pipeline:
         pipeline = load_pipeline(resolve_config_path(args.pipeline))
     else:
         raise ConfigError("<command line>", "", "name a pipeline or pass --config FILE")
-    # Kafka settings from an Airflow connection reach Spark jobs this way, never on a command line.
-    overrides = os.environ.get(KAFKA_OVERRIDES_ENV)
-    if overrides:
+    # Kafka settings from an Airflow connection reach Spark jobs in a file: never on a command
+    # line, in an environment Spark copies into its conf (spark.yarn.appMasterEnv.*), or a log.
+    overrides_file = getattr(args, "kafka_overrides_file", None)
+    if overrides_file is not None:
         try:
-            pipeline = with_kafka_overrides(pipeline, json.loads(overrides))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(KAFKA_OVERRIDES_ENV, "", f"not valid JSON: {exc}") from None
+            pipeline = with_kafka_overrides(pipeline, json.loads(overrides_file.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(str(overrides_file), "", f"not readable JSON: {type(exc).__name__}") from None
     return pipeline
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -179,6 +180,20 @@ class Sink(_Model):
     @classmethod
     def _options_as_text(cls, value: Any) -> Any:
         return _options_text(value)
+
+    @model_validator(mode="after")
+    def _safe_commits_on_s3(self) -> "Sink":
+        # S3 has no atomic put-if-absent rename: two writers could both "win" a commit. delta-rs
+        # commits safely with a conditional put (ETag) or a DynamoDB lock; never the unsafe rename.
+        if urlsplit(self.table_uri).scheme not in ("s3", "s3a"):
+            return self
+        options = {k.upper(): v for k, v in self.storage_options.items()}
+        if options.get("AWS_S3_ALLOW_UNSAFE_RENAME", "false").lower() == "true":
+            raise _error("storage_options.AWS_S3_ALLOW_UNSAFE_RENAME",
+                         "lets two writers both commit a version; use conditional_put (the default) or a lock")
+        if "CONDITIONAL_PUT" not in options and "AWS_S3_LOCKING_PROVIDER" not in options:
+            object.__setattr__(self, "storage_options", {**self.storage_options, "conditional_put": "etag"})
+        return self
 
     @model_validator(mode="after")
     def _quarantine_apart(self) -> "Sink":
@@ -430,7 +445,7 @@ def _allowed_keys(loc: list[str]) -> list[str]:
 
 def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pipeline:
     """The pipeline with ``bootstrap_servers`` and ``kafka_options`` taken from ``overrides`` (an
-    Airflow connection, or ONCEMORE_KAFKA_OVERRIDES for a Spark job it launches)."""
+    Airflow connection, or ``run --kafka-overrides-file`` for a Spark job it launches)."""
     unknown = set(overrides) - {"bootstrap_servers", "kafka_options"}
     if unknown:
         raise ConfigError("Kafka overrides", sorted(unknown)[0], "unknown key (allowed: bootstrap_servers, kafka_options)")

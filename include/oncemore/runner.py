@@ -205,6 +205,8 @@ class _Run:
         )
         for key, value in consumer_config(pipeline).items():
             reader = reader.option(f"kafka.{key}", value)
+        for key, value in pipeline.sink.storage_options.items():
+            reader = reader.option(f"storage.{key}", value)
         return [task_result(row.asDict()) for row in reader.load().collect()]
 
 

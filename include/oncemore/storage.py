@@ -1,12 +1,17 @@
 """Table locations: what delta-rs is given, and the pyarrow filesystem executors write files with.
 
 Local paths are made absolute so every process (driver, executors, Airflow tasks) agrees on them.
+Object stores take delta-rs's storage option keys (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...); the
+executors' pyarrow filesystem is built from the same keys, so both write to the same place with
+the same credentials. Tested on S3 (moto's server); ``gs://`` and ``abfss://`` go through
+pyarrow's and delta-rs's own URI handling, untested here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
@@ -20,5 +25,23 @@ def filesystem(table_uri: str, storage_options: Mapping[str, str] | None = None)
     """pyarrow filesystem and root path of a table URI."""
     if "://" not in table_uri:
         return pafs.LocalFileSystem(), table_location(table_uri)
+    parts = urlsplit(table_uri)
+    if parts.scheme in ("s3", "s3a"):
+        return _s3(storage_options or {}), f"{parts.netloc}{parts.path}".rstrip("/")
     fs, path = pafs.FileSystem.from_uri(table_uri)
     return fs, path.rstrip("/")
+
+
+def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:
+    """pyarrow's S3 filesystem from delta-rs's option keys (either case); unset ones fall back to
+    AWS's own chain (environment, profile, instance role), as they do for delta-rs."""
+    option = {k.upper(): v for k, v in options.items()}.get
+    endpoint = option("AWS_ENDPOINT_URL") or option("AWS_ENDPOINT")
+    settings = {
+        "access_key": option("AWS_ACCESS_KEY_ID"), "secret_key": option("AWS_SECRET_ACCESS_KEY"),
+        "session_token": option("AWS_SESSION_TOKEN"), "region": option("AWS_REGION") or option("AWS_DEFAULT_REGION"),
+    }
+    if endpoint:
+        scheme, _, host = endpoint.rpartition("://")
+        settings.update(endpoint_override=host or endpoint, scheme=scheme or "https")
+    return pafs.S3FileSystem(**{k: v for k, v in settings.items() if v})

@@ -93,7 +93,9 @@ def task_result(row: Mapping) -> TaskResult:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a task needs to turn its records into table files (travels as a data source option)."""
+    """What a task needs to turn its records into table files. Travels as data source options:
+    ``to_json`` without the storage options, which go one option each (``storage.<KEY>``) so
+    Spark's redaction masks secret ones by key in plans, logs and the UI."""
 
     format_type: str
     schema_ddl: str | None
@@ -105,14 +107,14 @@ class TaskSpec:
     storage_options: dict[str, str]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({k: v for k, v in asdict(self).items() if k != "storage_options"})
 
     @classmethod
-    def from_json(cls, text: str) -> "TaskSpec":
+    def from_json(cls, text: str, storage_options: dict[str, str]) -> "TaskSpec":
         data = json.loads(text)
         data["partition_by"] = tuple(data["partition_by"])
         data["quarantine_floors"] = {int(p): v for p, v in data["quarantine_floors"].items()}
-        return cls(**data)
+        return cls(**data, storage_options=storage_options)
 
 
 def write_task(records: RangeRecords, spec: TaskSpec) -> TaskResult:
@@ -151,7 +153,10 @@ class _OpenFile:
         self.path = f"{root}/{relative}"
         fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
         self.fs, self.schema = fs, schema
-        self.writer = pq.ParquetWriter(fs.open_output_stream(self.path), schema, compression="snappy")
+        # ParquetWriter leaves a stream it was handed open: closed in close(), which is what
+        # completes an object store's upload.
+        self.stream = fs.open_output_stream(self.path)
+        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
         self.buffer: list[pa.Table] = []
         self.buffered_rows = self.buffered_bytes = self.written_bytes = 0
         self.stats = FileStats(schema)
@@ -182,6 +187,7 @@ class _OpenFile:
     def close(self, table_name: str) -> DataFile:
         self._flush()
         self.writer.close()
+        self.stream.close()
         return DataFile(
             table=table_name,
             path=self.relative,

@@ -15,7 +15,6 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
 
-from oncemore.cli import KAFKA_OVERRIDES_ENV
 from oncemore.config import OffsetBound
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import verify_run
@@ -65,8 +64,10 @@ class OncemoreIngestOperator(SparkSubmitOperator):
     against the table's positions and the topic before reading, and again before each commit.
 
     The plan travels in a file (a plan of many partitions and batches outgrows a command-line
-    argument), the core package as --py-files, Kafka settings from the connection in the job's
-    environment: never on its command line."""
+    argument), the core package as --py-files, and Kafka settings from the connection in a file
+    only the task's user can read: never in ``env_vars``, which the Spark provider turns into
+    ``--conf spark.yarn.appMasterEnv.*``/``spark.kubernetes.driverEnv.*`` on the command line.
+    The driver runs here (client mode: the plan and settings files are local)."""
 
     def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
         super().__init__(application=str(SPARK_JOB), **kwargs)
@@ -75,15 +76,17 @@ class OncemoreIngestOperator(SparkSubmitOperator):
     def execute(self, context) -> None:
         self.py_files = package_zip()
         overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
-        if overrides:
-            self.env_vars = {**(self.env_vars or {}), KAFKA_OVERRIDES_ENV: json.dumps(overrides)}
         plan = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
-        # The driver runs here (client mode: the only one Spark offers Python on a standalone cluster).
-        with tempfile.TemporaryDirectory(prefix="oncemore-plan-") as directory:
+        with tempfile.TemporaryDirectory(prefix="oncemore-plan-") as directory:  # mode 0700
             plan_file = Path(directory) / "plan.json"
             plan_file.write_text(plan)
             self.application_args = ["--config", self.config_path, "--plan-file", str(plan_file),
                                      "--run-id", context["run_id"]]
+            if overrides:
+                overrides_file = Path(directory) / "kafka.json"
+                overrides_file.touch(mode=0o600)
+                overrides_file.write_text(json.dumps(overrides))
+                self.application_args += ["--kafka-overrides-file", str(overrides_file)]
             return super().execute(context)
 
 
