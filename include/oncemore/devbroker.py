@@ -145,17 +145,24 @@ def start_tansu(port: int | None = None) -> DevBroker:
          "--storage-engine", "memory://tansu/"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
+    wait_listening(process, port, "tansu broker", 20)
+    return DevBroker(f"127.0.0.1:{port}", process=process)
+
+
+def wait_listening(process: subprocess.Popen, port: int, what: str, seconds: float = 30) -> None:
+    """Returns once ``process`` accepts connections on 127.0.0.1:``port``; raises (killing it) if
+    it exits first or takes longer than ``seconds``."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"tansu broker exited with code {process.returncode}")
+            raise RuntimeError(f"{what} exited with code {process.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return DevBroker(f"127.0.0.1:{port}", process=process)
+            return
         except OSError:
             time.sleep(0.05)
     process.kill()
-    raise RuntimeError(f"tansu broker did not listen on port {port} within 20s")
+    raise RuntimeError(f"{what} did not listen on port {port} within {seconds:.0f}s")
 
 
 def test_broker_path() -> str:

@@ -1,5 +1,5 @@
-"""A local Spark standalone cluster (one master, one worker) from the pip-installed PySpark, for the
-production-mode script and the tests: started and stopped by whoever calls ``start_spark_cluster``.
+"""A local Spark standalone cluster (one master, one worker) from the pip-installed PySpark, for local
+runs and the tests: started and stopped by whoever calls ``start_spark_cluster``.
 
 Executors are separate JVMs with their own Python workers: what a job imports travels with it
 (oncemore's package zip) or is installed where they run (here, the same virtualenv).
@@ -8,14 +8,13 @@ Executors are separate JVMs with their own Python workers: what a job imports tr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .devbroker import free_port
+from .devbroker import free_port, wait_listening
 
 
 class SparkCluster:
@@ -38,19 +37,6 @@ def _spark_class() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, what: str, log: Path, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"Spark {what} exited ({process.returncode}); see {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"Spark {what} did not listen on port {port} within {seconds:.0f}s; see {log}")
-
-
 def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None = None) -> SparkCluster:
     """A master on 127.0.0.1 and one worker with ``cores`` and ``memory``, registered before this returns."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-spark-")
@@ -63,7 +49,7 @@ def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None 
                               env=env, stdout=master_log.open("w"), stderr=subprocess.STDOUT)
     processes = [master]
     try:
-        _wait_for_port(port, master, "master", master_log)
+        wait_listening(master, port, f"Spark master (log: {master_log})", 60)
         url = f"spark://127.0.0.1:{port}"
         worker_log = Path(log_dir) / "worker.log"
         worker = subprocess.Popen([_spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",

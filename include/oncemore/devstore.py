@@ -1,4 +1,4 @@
-"""A local S3 API server (moto's ``moto_server``) for the production-mode script and the tests.
+"""A local S3 API server (moto's ``moto_server``) for local runs and the tests.
 
 Started and stopped by whoever calls ``start_s3_server``; nothing outlives it (in-memory store).
 It speaks the real S3 API, conditional puts (``If-None-Match``/ETag) included, so delta-rs
@@ -8,13 +8,11 @@ commits on it exactly as on AWS S3 with ``conditional_put=etag``.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from .devbroker import free_port
+from .devbroker import free_port, wait_listening
 
 
 class S3Server:
@@ -64,14 +62,5 @@ def start_s3_server(port: int | None = None) -> S3Server:
     binary = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     process = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited with code {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return S3Server(f"http://127.0.0.1:{port}", process)
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"moto_server did not listen on port {port} within 30s")
+    wait_listening(process, port, "moto_server")
+    return S3Server(f"http://127.0.0.1:{port}", process)
