@@ -40,6 +40,7 @@ def _spark_class() -> str:
 def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None = None) -> SparkCluster:
     """A master on 127.0.0.1 and one worker with ``cores`` and ``memory``, registered before this returns."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-spark-")
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "SPARK_WORKER_DIR": str(Path(log_dir) / "work")}
     port, ui = free_port(), free_port()

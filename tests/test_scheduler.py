@@ -1,0 +1,110 @@
+"""The real Airflow services (scheduler, DAG processor, API server; LocalExecutor on SQLite): an
+hourly pipeline with catch-up runs its past intervals, each landing exactly the records stamped in
+its own data interval (as the DagRun states it); a backfill over them through the REST API (the
+call Airflow's UI makes) and one through `airflow backfill create` commit nothing new."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from conftest import ROOT, assert_exactly_once, read_pairs
+from test_ingest import oncemore_commits
+
+sys.path.insert(0, str(ROOT / "plugins"))
+from oncemore_airflow.services import start_airflow, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
+DAG_ID = "oncemore__events"
+
+
+def event(i: int) -> bytes:
+    return json.dumps({"id": i, "customer": f"c{i % 7}", "amount": 1.5}).encode()
+
+
+@pytest.fixture
+def airflow_services(tmp_path, broker):
+    """Starts the services once the test's data is in Kafka (the first catch-up run plans at once)."""
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    start = hour - timedelta(hours=3)
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "events.yaml").write_text(yaml.safe_dump({
+        "name": "events", "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": "events"},
+        "sink": {"table_uri": str(tmp_path / "delta" / "events")},
+        "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
+        "airflow": {"schedule": "0 * * * *", "start_date": start.isoformat(), "catchup": True, "retries": 0},
+    }))
+    started = []
+
+    def start_services():
+        started.append(start_airflow(tmp_path / "airflow", {"ONCEMORE_PIPELINES_DIR": str(tmp_path / "pipelines")}))
+        return started[-1]
+
+    yield start_services, start, str(tmp_path / "delta" / "events")
+    for services in started:
+        services.stop()
+
+
+def all_succeeded(services, count: int):
+    runs = services.dag_runs(DAG_ID)
+    failed = [r for r in runs if r["state"] == "failed"]
+    assert not failed, f"failed runs: {[r['dag_run_id'] for r in failed]}"
+    return len(runs) >= count and all(r["state"] == "success" for r in runs) and runs
+
+
+def parse(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(broker, airflow_services):
+    start_services, start, table_uri = airflow_services
+    broker.create_topic("events", 3)
+    produced, stamped = [], {}
+    for h in range(4):  # three past hours and the current one, some in transactions
+        base = int((start + timedelta(hours=h)).timestamp() * 1000)
+        records = [(i % 3, None, event(h * 1000 + i), base + i * 10_000) for i in range(120)]
+        delivered = broker.produce("events", records, transactional_id="events-tx" if h % 2 else None)
+        produced += delivered
+        stamped.update({pair: record[3] for pair, record in zip(delivered, records)})
+
+    services = start_services()
+    runs = wait_for(lambda: all_succeeded(services, 3), 900, "three catch-up runs", 5)
+
+    assert [parse(r["data_interval_start"]) for r in runs] == [start + timedelta(hours=h) for h in range(3)]
+    commits = oncemore_commits(table_uri)
+    for run in runs:
+        low, high = (parse(run[k]).timestamp() * 1000 for k in ("data_interval_start", "data_interval_end"))
+        expected = sorted(pair for pair, ms in stamped.items() if low <= ms < high)
+        ranges = [r for _, record in commits if record.run_id == run["dag_run_id"]
+                  for r in record.ranges["events"].items()]
+        landed = sorted((int(p), o) for p, (s, e) in ranges for o in range(s, e) if (int(p), o) in stamped)
+        assert landed == expected and len(expected) == 120, run["dag_run_id"]
+    in_past_hours = [pair for pair in produced if stamped[pair] < (start + timedelta(hours=3)).timestamp() * 1000]
+    assert_exactly_once(read_pairs(table_uri), in_past_hours)
+    version = DeltaTable(table_uri).version()
+
+    backfill = services.api("POST", "/api/v2/backfills", {
+        "dag_id": DAG_ID, "from_date": start.isoformat(), "to_date": (start + timedelta(hours=1)).isoformat(),
+        "reprocess_behavior": "completed", "max_active_runs": 1})
+    wait_for(lambda: services.api("GET", f"/api/v2/backfills/{backfill['id']}")["completed_at"], 600, "the REST backfill", 5)
+    subprocess.run([sys.executable, "-m", "airflow", "backfill", "create", "--dag-id", DAG_ID,
+                    "--from-date", (start + timedelta(hours=2)).isoformat(),
+                    "--to-date", (start + timedelta(hours=2)).isoformat(), "--reprocess-behavior", "completed"],
+                   env=services.env, check=True, capture_output=True, timeout=300)
+
+    def backfills_done():
+        backfills = services.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
+        return len(backfills) == 2 and all(b["completed_at"] for b in backfills)
+
+    wait_for(backfills_done, 600, "the CLI backfill", 5)
+    # Airflow re-runs the existing runs of those intervals (same run ids) as backfill runs.
+    runs = wait_for(lambda: all_succeeded(services, 3), 300, "the backfill runs", 5)
+    assert [r["run_type"] for r in runs] == ["backfill"] * 3
+    assert DeltaTable(table_uri).version() == version, "a backfill over ingested hours commits nothing"
+    assert_exactly_once(read_pairs(table_uri), in_past_hours)
