@@ -366,3 +366,20 @@ def test_until_timestamp_ingests_records_before_it(broker, topic, make_pipeline,
 
     assert report.written == 60
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), _delivery_order(produced, records)[:60])
+
+
+def test_concurrent_runs_of_consecutive_intervals_neither_fail_nor_duplicate(broker, topic, make_pipeline):
+    produced = broker.produce(topic, orders(0, 3_000))
+    pipeline = make_pipeline(topic)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
+           "ONCEMORE_SPARK_MASTER": "local[1]"}
+    # Like two interval runs with max_active_runs > 1: both plan from the same positions, to different ends.
+    runs = [subprocess.Popen([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin, "--until",
+                              json.dumps({str(p): end for p in range(3)})],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for end in (500, 1_000)]
+    results = [(r.wait(timeout=600), r.stdout.read(), r.stderr.read()) for r in runs]
+
+    for code, _, err in results:
+        assert code == 0, err[-2000:]
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    assert DeltaTable(pipeline.sink.table_uri).transaction_version(app_id("orders", topic, 0)) == 1_000
