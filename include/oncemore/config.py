@@ -124,6 +124,19 @@ def _option_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _options_text(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    for key, option in value.items():
+        if not isinstance(option, (str, int, float, bool)):
+            raise _error(str(key), f"must be a scalar, got {type(option).__name__}")
+    return {str(k): _option_text(v) for k, v in value.items()}
+
+
+# librdkafka and delta-rs take text: YAML scalars become text, anything else is refused.
+Options = Annotated[dict[str, str], BeforeValidator(_options_text)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -136,15 +149,10 @@ class Source(_Model):
     starting_offsets: StartingOffsets = Field(
         default=OffsetBound("earliest"),
         description="Where partitions without a position start; defaults to airflow.start_date when set.")
-    kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings; ${ENV} for secrets")
+    kafka_options: Options = Field(default_factory=dict, description="librdkafka settings; ${ENV} for secrets")
     # A read that makes no progress for this long fails, naming partition and position
     # (a broker that never answers with OFFSET_OUT_OF_RANGE would otherwise hang the job).
     stall_timeout_seconds: float = Field(default=60.0, gt=0, strict=False)
-
-    @field_validator("kafka_options", mode="before")
-    @classmethod
-    def _options_as_text(cls, value: Any) -> Any:
-        return _options_text(value)
 
     @field_validator("kafka_options")
     @classmethod
@@ -158,15 +166,6 @@ class Source(_Model):
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_options}
 
 
-def _options_text(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return value
-    for key, option in value.items():
-        if not isinstance(option, (str, int, float, bool)):
-            raise _error(str(key), f"must be a scalar, got {type(option).__name__}")
-    return {str(k): _option_text(v) for k, v in value.items()}
-
-
 class Sink(_Model):
     """Where records go: the main table and the quarantine table for records that cannot be stored."""
 
@@ -174,12 +173,7 @@ class Sink(_Model):
     quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
     partition_by: tuple[StrictStr, ...] = ()
     # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
-    storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
-
-    @field_validator("storage_options", mode="before")
-    @classmethod
-    def _options_as_text(cls, value: Any) -> Any:
-        return _options_text(value)
+    storage_options: Options = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
 
     @model_validator(mode="after")
     def _safe_commits_on_s3(self) -> "Sink":
@@ -454,6 +448,4 @@ def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pi
         "kafka_options": {**pipeline.source.kafka_options,
                           **{k: _option_text(v) for k, v in overrides.get("kafka_options", {}).items()}},
     })
-    changed = pipeline.model_copy(update={"source": source})
-    changed._origin = pipeline.origin
-    return changed
+    return pipeline.model_copy(update={"source": source})  # keeps the origin (a private attribute)

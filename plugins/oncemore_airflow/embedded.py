@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def configure(home: str) -> None:
-    os.environ.update({
+def settings(home: str) -> dict[str, str]:
+    """The environment of the embedded default's Airflow processes."""
+    return {
         "AIRFLOW_HOME": home,
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -21,4 +22,9 @@ def configure(home: str) -> None:
         "PYTHONPATH": os.pathsep.join(
             [str(ROOT / "include"), str(ROOT / "plugins")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
         ),
-    })
+    }
+
+
+def configure(home: str) -> None:
+    """Sets up this process for the embedded default's Airflow (before Airflow is imported)."""
+    os.environ.update(settings(home))

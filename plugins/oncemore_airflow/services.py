@@ -74,13 +74,7 @@ class AirflowServices:
 def service_environment(home: Path, port: int, extra: Mapping[str, str]) -> dict[str, str]:
     """What every Airflow process of the local topology shares: the embedded default's settings,
     the LocalExecutor, one JWT secret (tasks report to the API server with tokens it signs)."""
-    saved = dict(os.environ)
-    try:
-        embedded.configure(str(home))
-        env = dict(os.environ)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    env = {**os.environ, **embedded.settings(str(home))}
     env.update({
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
