@@ -60,6 +60,11 @@ def offsets_option(topic: str, offsets: dict[int, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
 
 
+def _prefixed(options, prefix: str) -> dict[str, str]:
+    """The options named ``<prefix><key>``, by key (one option each, so Spark redacts by key)."""
+    return {k[len(prefix):]: v for k, v in options.items() if k.startswith(prefix)}
+
+
 class _RangeReader(DataSourceReader):
     """Options shared by both sources, and the records of one task."""
 
@@ -67,7 +72,7 @@ class _RangeReader(DataSourceReader):
         self.topic = options["topic"]
         self.pipeline = options.get("pipeline", "?")
         self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
-        self.kafka_config = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
+        self.kafka_config = _prefixed(options, "kafka.")
 
     def records(self, consumer, topic: str, partition: int, start: int, end: int,
                 max_bytes: int | None = None) -> RangeRecords:
@@ -129,8 +134,7 @@ class KafkaIngestReader(_RangeReader):
         super().__init__(options)
         self.tasks = [[tuple(r) for r in task] for task in json.loads(options["tasks"])]
         self.max_bytes = int(options["maxBytesPerTask"])
-        storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
-        self.spec = TaskSpec.from_json(options["sink"], storage)
+        self.spec = TaskSpec.from_json(options["sink"], _prefixed(options, "storage."))
 
     def partitions(self) -> list[KafkaTaskPartition]:
         return [KafkaTaskPartition(self.topic, ranges) for ranges in self.tasks]
