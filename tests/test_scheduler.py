@@ -70,6 +70,20 @@ def parse(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def assert_runs_hold_their_intervals(runs: list[dict], table_uri: str, topic: str,
+                                     stamped: dict[tuple[int, int], int], per_run: int) -> None:
+    """Each DagRun's commits hold exactly the records (of ``stamped``: (partition, offset) ->
+    timestamp ms) stamped in its own data interval, ``per_run`` of them."""
+    commits = oncemore_commits(table_uri)
+    for run in runs:
+        low, high = (parse(run[k]).timestamp() * 1000 for k in ("data_interval_start", "data_interval_end"))
+        expected = sorted(pair for pair, ms in stamped.items() if low <= ms < high)
+        ranges = [r for _, record in commits if record.run_id == run["dag_run_id"]
+                  for r in record.ranges[topic].items()]
+        landed = sorted((int(p), o) for p, (s, e) in ranges for o in range(s, e) if (int(p), o) in stamped)
+        assert landed == expected and len(expected) == per_run, run["dag_run_id"]
+
+
 def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(broker, airflow_services):
     start_services, start, table_uri = airflow_services
     broker.create_topic("events", 3)
@@ -85,14 +99,7 @@ def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(
     runs = wait_for(lambda: all_succeeded(services, 3), 900, "three catch-up runs", 5)
 
     assert [parse(r["data_interval_start"]) for r in runs] == [start + timedelta(hours=h) for h in range(3)]
-    commits = oncemore_commits(table_uri)
-    for run in runs:
-        low, high = (parse(run[k]).timestamp() * 1000 for k in ("data_interval_start", "data_interval_end"))
-        expected = sorted(pair for pair, ms in stamped.items() if low <= ms < high)
-        ranges = [r for _, record in commits if record.run_id == run["dag_run_id"]
-                  for r in record.ranges["events"].items()]
-        landed = sorted((int(p), o) for p, (s, e) in ranges for o in range(s, e) if (int(p), o) in stamped)
-        assert landed == expected and len(expected) == 120, run["dag_run_id"]
+    assert_runs_hold_their_intervals(runs, table_uri, "events", stamped, per_run=120)
     in_past_hours = [pair for pair in produced if stamped[pair] < (start + timedelta(hours=3)).timestamp() * 1000]
     assert_exactly_once(read_pairs(table_uri), in_past_hours)
     version = DeltaTable(table_uri).version()

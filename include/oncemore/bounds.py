@@ -81,7 +81,7 @@ def _resolve_timestamp(
         else:
             scans[p] = (max(candidates[p], floor), log.latest)
     at_or_after = lambda stamp: stamp >= timestamp_ms  # noqa: E731
-    found = _first_matching(pipeline, scans, at_or_after)
+    found = first_matching(pipeline, scans, at_or_after)
     for p, (begin, end) in scans.items():
         resolved[p] = found[p][0] if found[p] is not None else end
     _check_not_stalled(pipeline, timestamp_ms, bounds, range_starts, resolved, found)
@@ -97,7 +97,7 @@ def _check_not_stalled(pipeline, timestamp_ms, bounds, range_starts, resolved, f
         if position is not None and resolved.get(p) == position < bounds[p].latest
         and found.get(p) is not None and found[p][1] > now_ms
     }
-    older = _first_matching(
+    older = first_matching(
         pipeline, {p: (offset + 1, bounds[p].latest) for p, (offset, _) in blocked.items()},
         lambda stamp: stamp < timestamp_ms, limit=STALL_LOOKAHEAD_RECORDS,
     )
@@ -117,7 +117,7 @@ def _check_not_stalled(pipeline, timestamp_ms, bounds, range_starts, resolved, f
         )
 
 
-def _first_matching(
+def first_matching(
     pipeline: Pipeline, ranges: Mapping[int, tuple[int, int]], predicate: Callable[[int], bool], limit: int | None = None
 ) -> dict[int, tuple[int, int] | None]:
     """Per partition, (offset, timestamp ms) of the first data record in [begin, end) whose

@@ -26,8 +26,9 @@ from deltalake.exceptions import TableNotFoundError
 from . import __version__
 
 METADATA_KEY = "oncemore"
-# 2: topic, topic_id, cluster_id, bytes_read and reset added; version 1 records still read.
-FORMAT_VERSION = 2
+# 2: topic, topic_id, cluster_id, bytes_read and reset added; 3: log_end and duration_ms added.
+# Older records still read (their lag and duration are unknown).
+FORMAT_VERSION = 3
 # Commits read back when looking for this pipeline's newest commit (its identity).
 RECENT_HISTORY = 100
 
@@ -70,12 +71,19 @@ class CommitRecord:
     topic_id: str | None = None
     cluster_id: str | None = None
     bytes_read: int = 0
+    log_end: Mapping[str, int] = field(default_factory=dict)  # {partition: last stable offset when planned}
+    duration_ms: int = 0  # reading, writing and committing this batch
     reset: Reset | None = None
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+    def lag(self) -> dict[int, int]:
+        """Records each partition of the batch was behind its log end (as planned) once committed."""
+        ranges = self.ranges.get(self.topic, {}) if self.topic else {}
+        return {int(p): max(self.log_end[p] - end, 0) for p, (_, end) in ranges.items() if p in self.log_end}
 
     @classmethod
     def from_json(cls, text: str) -> "CommitRecord":

@@ -1,53 +1,97 @@
-"""Reading a pipeline back: per-partition status (positions, log bounds, lag) and the check that a
-planned run really is in the table."""
+"""Reading a pipeline back: per-partition status (positions, log bounds, lag in records and in
+time), the freshness check of a pipeline's ``alert`` limits, and the check that a planned run
+really is in the table."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Sequence
 
 from . import kafka
+from .bounds import first_matching
 from .config import Pipeline, format_timestamp_ms
 from .errors import OncemoreError
-from .ledger import Ledger
+from .ledger import CommitEntry, Ledger
 from .planner import Plan
+
+# Commits of recent history searched for each partition's last commit.
+STATUS_HISTORY = 50
 
 
 class RunNotCommitted(OncemoreError):
     """The table's positions do not cover what the run planned."""
 
 
-def status(pipeline: Pipeline) -> dict[str, Any]:
+class FreshnessAlert(OncemoreError):
+    """A pipeline is further behind its topic than its ``alert`` limits allow."""
+
+
+def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None) -> dict[str, Any]:
+    """Per partition: the committed position, the log's bounds (``log_end`` is the last stable
+    offset), the lag in records, the lag in time (``lag_seconds``: the age of the first record not
+    yet ingested) and the partition's last commit among ``recent`` (this pipeline's recent
+    batches, newest first; read from the table when not given)."""
     topic, options = pipeline.source.topic, pipeline.sink.storage_options
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_topic(admin, pipeline)
     bounds = kafka.log_bounds(admin, pipeline, state.partitions)
     main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
-    positions = main.positions(state.partitions)
+    table = main.table()
+    positions = main.positions(state.partitions, table)
     quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options).positions(state.partitions)
-    last_commit: dict[int, int] = {}
-    for entry in main.recent_batches(limit=50):
+    if recent is None:
+        recent = main.recent_batches(STATUS_HISTORY, table)
+    last_commit: dict[int, CommitEntry] = {}
+    for entry in recent:
         for partition in entry.record.ranges.get(topic, {}):
-            last_commit.setdefault(int(partition), entry.timestamp_ms)
+            last_commit.setdefault(int(partition), entry)
+    starts = {p: positions[p] if positions[p] is not None else bounds[p].earliest for p in state.partitions}
+    unread = first_matching(pipeline, {p: (starts[p], bounds[p].latest) for p in state.partitions
+                                       if starts[p] < bounds[p].latest}, lambda _stamp: True)
+    now_ms = int(time.time() * 1000)
     rows = []
     for p in state.partitions:
-        position = positions[p]
-        lag = bounds[p].latest - (position if position is not None else bounds[p].earliest)
+        first_unread = unread.get(p)
         rows.append({
             "partition": p,
-            "position": position,
+            "position": positions[p],
             "quarantine_position": quarantine_positions[p],
             "log_start": bounds[p].earliest,
             "log_end": bounds[p].latest,
-            "lag": max(lag, 0),
-            "last_commit": format_timestamp_ms(last_commit[p]) if p in last_commit else None,
+            "lag": max(bounds[p].latest - starts[p], 0),
+            "lag_seconds": max(now_ms - first_unread[1], 0) / 1000 if first_unread else 0.0,
+            "last_commit": format_timestamp_ms(last_commit[p].timestamp_ms) if p in last_commit else None,
+            "last_commit_version": last_commit[p].version if p in last_commit else None,
         })
     return {"pipeline": pipeline.name, "topic": topic, "topic_id": state.identity.topic_id,
-            "table_uri": pipeline.sink.table_uri, "partitions": rows}
+            "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
+            "partitions": rows}
+
+
+def check_freshness(pipeline: Pipeline, partitions: Sequence[dict[str, Any]]) -> None:
+    """Raises FreshnessAlert naming every partition (rows of ``status``) beyond the pipeline's
+    ``alert`` limits."""
+    limits, topic = pipeline.alert, pipeline.source.topic
+    beyond = []
+    for row in partitions:
+        if limits.max_lag_records is not None and row["lag"] > limits.max_lag_records:
+            beyond.append(f"{topic}/{row['partition']}: {row['lag']} records behind (limit "
+                          f"{limits.max_lag_records}, position {_position(row)}, log end {row['log_end']})")
+        if limits.max_lag_minutes is not None and row["lag_seconds"] > limits.max_lag_minutes * 60:
+            beyond.append(f"{topic}/{row['partition']}: oldest record not ingested is "
+                          f"{row['lag_seconds'] / 60:.1f} minutes old (limit {limits.max_lag_minutes:g}, position "
+                          f"{_position(row)})")
+    if beyond:
+        raise FreshnessAlert(f"pipeline {pipeline.name}: " + "; ".join(beyond), beyond=beyond)
+
+
+def _position(row: dict[str, Any]) -> str:
+    return "none yet" if row["position"] is None else str(row["position"])
 
 
 def format_status(data: dict[str, Any]) -> str:
     lines = [f"pipeline {data['pipeline']}: topic {data['topic']} -> {data['table_uri']}"]
-    header = ("partition", "position", "log_start", "log_end", "lag", "last_commit")
+    header = ("partition", "position", "log_start", "log_end", "lag", "lag_seconds", "last_commit")
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:
         lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))

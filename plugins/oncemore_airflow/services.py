@@ -24,17 +24,28 @@ from oncemore_airflow import embedded
 SERVICES = ("api-server", "dag-processor", "scheduler")
 
 
+USERNAME = "admin"
+
+
 class AirflowServices:
+    """The running services; ``username``/``password`` log in to the UI and the REST API (the
+    simple auth manager's one admin user, its password generated for this home)."""
+
     def __init__(self, url: str, home: Path, env: dict[str, str], processes: dict[str, subprocess.Popen]):
         self.url, self.home, self.env, self.processes = url, home, env, processes
+        self.username = USERNAME
         self._token: str | None = None
 
+    @property
+    def password(self) -> str:
+        return json.loads(Path(self.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).read_text())[self.username]
+
     def api(self, method: str, path: str, body: Mapping[str, Any] | None = None, attempts: int = 10) -> Any:
-        """One REST call (``/api/v2/...``) with a token from ``/auth/token`` (the simple auth manager
-        with all users admins: GET, no credentials). A 503 is retried: on SQLite the API answers
-        it while the scheduler holds the database lock."""
+        """One REST call (``/api/v2/...``) with a token from ``POST /auth/token``. A 503 is
+        retried: on SQLite the API answers it while the scheduler holds the database lock."""
         if self._token is None:
-            self._token = self._call("GET", "/auth/token", None, token=None)["access_token"]
+            self._token = self._call("POST", "/auth/token", {"username": self.username, "password": self.password},
+                                     token=None)["access_token"]
         for attempt in range(attempts):
             try:
                 return self._call(method, path, body, self._token)
@@ -73,14 +84,20 @@ class AirflowServices:
 
 def service_environment(home: Path, port: int, extra: Mapping[str, str]) -> dict[str, str]:
     """What every Airflow process of the local topology shares: the embedded default's settings,
-    the LocalExecutor, one JWT secret (tasks report to the API server with tokens it signs)."""
+    the LocalExecutor, one JWT secret (tasks report to the API server with tokens it signs), one
+    admin user whose password is generated into a file only this user can read."""
+    passwords = home / "simple_auth_manager_passwords.json"
+    if not passwords.exists():
+        passwords.touch(mode=0o600)
+        passwords.write_text(json.dumps({USERNAME: secrets.token_urlsafe(16)}))
     env = {**os.environ, **embedded.settings(str(home))}
     env.update({
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",

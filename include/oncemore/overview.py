@@ -1,0 +1,99 @@
+"""What an on-call engineer looks at first, per pipeline: its state now (``report.status``) and its
+recent history from the Delta log — batches, records per hour, lag after each commit, quarantine
+counts and a sample of quarantined records.
+
+Read-only, and from the same ledger contract as the CLI: the tables' logs and Kafka, no store of
+its own. Only recent history is read (the newest HISTORY_COMMITS commits, never the whole log), so
+the cost does not grow with the table's age.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .config import Pipeline, format_timestamp_ms
+from .ledger import CommitEntry, Ledger, open_table
+from .report import status
+from .storage import filesystem
+
+HISTORY_COMMITS = 500
+BATCHES_SHOWN = 20
+QUARANTINE_SAMPLE = 10
+VALUE_HEAD_BYTES = 80
+_HOUR_MS = 3_600_000
+
+
+def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any]:
+    """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
+    page plots and a sample of quarantined records."""
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
+    history = ledger.recent_batches(HISTORY_COMMITS)
+    data = status(pipeline, history)
+    data["last_commit"] = _batch(history[0]) if history else None
+    data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
+    data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
+    if detail:
+        data["per_hour"] = per_hour(history)
+        data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
+                                     "lag": sum(e.record.lag().values())}
+                                    for e in reversed(history) if e.record.log_end]
+        data["quarantine_sample"] = quarantine_sample(pipeline)
+    return data
+
+
+def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
+    """Records written and quarantined per hour of commit time, oldest hour first, empty hours
+    between included."""
+    written: dict[int, int] = defaultdict(int)
+    quarantined: dict[int, int] = defaultdict(int)
+    for entry in history:
+        hour = entry.timestamp_ms // _HOUR_MS
+        written[hour] += entry.record.records.get("written", 0)
+        quarantined[hour] += entry.record.records.get("quarantined", 0)
+    if not written:
+        return []
+    return [{"hour": format_timestamp_ms(h * _HOUR_MS), "written": written[h], "quarantined": quarantined[h]}
+            for h in range(min(written), max(written) + 1)]
+
+
+def quarantine_sample(pipeline: Pipeline, limit: int = QUARANTINE_SAMPLE) -> list[dict[str, Any]]:
+    """The newest quarantined records (by offset, from the newest files): partition, offset, the
+    error and the first bytes of the value."""
+    table = open_table(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
+    if table is None:
+        return []
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()  # arro3 -> pyarrow
+    newest = sorted(zip(actions["modification_time"], actions["path"]), reverse=True)[:limit]
+    if not newest:
+        return []
+    fs, root = filesystem(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
+    rows = ds.dataset([f"{root}/{path}" for _, path in newest], filesystem=fs, format="parquet").to_table(
+        columns=["_kafka_partition", "_kafka_offset", "error", "value"])
+    rows = rows.take(pc.sort_indices(rows, [("_kafka_offset", "descending")])[:limit]).to_pylist()
+    return [{"partition": r["_kafka_partition"], "offset": r["_kafka_offset"], "error": r["error"],
+             "value_head": _head(r["value"])} for r in rows]
+
+
+def _head(value: bytes | None) -> str:
+    if value is None:
+        return ""
+    text = value[:VALUE_HEAD_BYTES].decode("utf-8", errors="backslashreplace")
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # control bytes visible
+    return shown + ("…" if len(value) > VALUE_HEAD_BYTES else "")
+
+
+def _batch(entry: CommitEntry) -> dict[str, Any]:
+    record = entry.record
+    return {
+        "version": entry.version, "time": format_timestamp_ms(entry.timestamp_ms), "run_id": record.run_id,
+        "batch_seq": record.batch_seq,
+        "ranges": {p: list(r) for p, r in sorted(record.ranges.get(record.topic, {}).items(), key=lambda i: int(i[0]))},
+        "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
+        "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
+        "reset": record.reset is not None,
+    }

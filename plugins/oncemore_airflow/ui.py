@@ -1,0 +1,116 @@
+"""The oncemore page of the Airflow UI: a FastAPI app the api-server mounts at ``/oncemore`` (the
+plugin's ``fastapi_apps``), shown in the UI's navigation as an embedded view (``external_views``).
+
+``/`` lists every pipeline with its per-partition position, log end, lag and last commit, and its
+recent batches; ``/pipelines/<name>`` adds plots of the batch history and a quarantine sample;
+``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.overview``: the
+Delta logs and Kafka, read-only. Access follows Airflow's: the caller's token (the UI's session
+cookie or a bearer token) must allow reading the pipeline's DAG.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from oncemore.config import load_all
+from oncemore.overview import pipeline_overview
+
+from oncemore_airflow import charts
+from oncemore_airflow.factory import dag_id
+from oncemore_airflow.hooks import OncemoreHook
+
+URL_PREFIX = "/oncemore"
+_THREADS = 8
+
+app = FastAPI(title="oncemore", description="Positions, lag, batches and quarantine of oncemore pipelines")
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.filters["seconds"] = lambda s: "-" if s is None else (
+    f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h")
+
+
+def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
+    """The pipelines whose DAG the user may read, loaded with their Airflow connection's Kafka
+    settings; and the config problems of broken files (by file)."""
+    pipelines, broken = load_all()
+    manager = get_auth_manager()
+    readable = [p for p in pipelines
+                if manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id(p.name)), user=user)]
+    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id).get_pipeline() for p in readable], {
+        path: str(error) for path, error in broken.items()}
+
+
+def _overview(pipeline, detail: bool) -> dict[str, Any]:
+    """The pipeline's overview, or what stopped it (Kafka down, table unreadable) in its place."""
+    try:
+        data = pipeline_overview(pipeline, detail=detail)
+        data["error"] = None
+    except Exception as exc:  # one broken pipeline must not hide the others
+        data = {"pipeline": pipeline.name, "topic": pipeline.source.topic, "table_uri": pipeline.sink.table_uri,
+                "error": f"{type(exc).__name__}: {exc}"}
+    data["dag_id"] = dag_id(pipeline.name)
+    return data
+
+
+def overviews(user) -> dict[str, Any]:
+    started = time.monotonic()
+    pipelines, broken = _readable_pipelines(user)
+    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(pipelines)))) as pool:
+        found = list(pool.map(lambda p: _overview(p, False), pipelines))
+    return {"pipelines": found, "broken_configs": broken, "seconds": round(time.monotonic() - started, 3)}
+
+
+def one_overview(name: str, user) -> dict[str, Any]:
+    started = time.monotonic()
+    pipelines, _ = _readable_pipelines(user)
+    pipeline = next((p for p in pipelines if p.name == name), None)
+    if pipeline is None:
+        raise HTTPException(status_code=404, detail=f"no pipeline named {name!r} that you may read")
+    data = _overview(pipeline, True)
+    data["seconds"] = round(time.monotonic() - started, 3)
+    return data
+
+
+@app.get("/api/pipelines")
+def api_pipelines(user: GetUserDep) -> dict[str, Any]:
+    return overviews(user)
+
+
+@app.get("/api/pipelines/{name}")
+def api_pipeline(name: str, user: GetUserDep) -> dict[str, Any]:
+    return one_overview(name, user)
+
+
+@app.get("/", response_class=HTMLResponse)
+def index_page(request: Request, user: GetUserDep):
+    return templates.TemplateResponse(request, "index.html", overviews(user))
+
+
+@app.get("/pipelines/{name}", response_class=HTMLResponse)
+def pipeline_page(request: Request, name: str, user: GetUserDep):
+    data = one_overview(name, user)
+    if data["error"] is None:
+        hours = data["per_hour"]
+        lag = data["lag_after_commit"]
+        data["charts"] = {
+            "records": charts.bar_chart(
+                [h["hour"][:13].replace("T", " ") + "h" for h in hours],
+                [("written", "#2e86c1", [h["written"] for h in hours]),
+                 ("quarantined", "#e67e22", [h["quarantined"] for h in hours])],
+                "Records ingested per hour (written, quarantined)"),
+            "lag": charts.line_chart([f"v{p['version']} {p['time'][:16]}" for p in lag], [p["lag"] for p in lag],
+                                     "Lag after each commit (records behind the log end it planned to)"),
+            "quarantine": charts.bar_chart(
+                [h["hour"][:13].replace("T", " ") + "h" for h in hours],
+                [("quarantined", "#e67e22", [h["quarantined"] for h in hours])], "Records quarantined per hour"),
+        }
+    return templates.TemplateResponse(request, "pipeline.html", data)
