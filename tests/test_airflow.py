@@ -29,7 +29,7 @@ from deltalake import DeltaTable  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from oncemore.ledger import Ledger  # noqa: E402
-from oncemore_airflow.factory import build_dag  # noqa: E402
+from oncemore_airflow.factory import build_dag, build_maintenance_dag  # noqa: E402
 
 from conftest import assert_exactly_once, order, orders, read_pairs  # noqa: E402
 
@@ -60,8 +60,13 @@ def test_every_shipped_config_yields_a_dag_with_plan_ingest_report(monkeypatch):
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert not bag.import_errors
     names = sorted(p.stem for p in (ROOT / "include" / "pipelines").glob("*.yaml"))
-    assert sorted(bag.dags) == [f"oncemore__{n}" for n in names]
-    for dag in bag.dags.values():
+    maintained = [n for n in names if "maintenance:" in (ROOT / "include" / "pipelines" / f"{n}.yaml").read_text()]
+    assert maintained, "the demo pipeline shows the maintenance block"
+    assert sorted(bag.dags) == sorted([f"oncemore__{n}" for n in names] + [f"oncemore_maintain__{n}" for n in maintained])
+    for name in maintained:
+        maintenance = bag.dags[f"oncemore_maintain__{name}"]
+        assert [t.task_id for t in maintenance.tasks] == ["maintain"] and not maintenance.catchup
+    for dag in (bag.dags[f"oncemore__{n}"] for n in names):
         assert [t.task_id for t in dag.topological_sort()] == ["plan", "ingest", "report"]
         assert dag.max_active_runs == 1 and "oncemore" in dag.tags
         assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"
@@ -294,3 +299,28 @@ def test_a_run_ends_at_its_param_else_its_interval_end_else_latest():
     assert run_until(None, T0, T0) == OffsetBound("latest")
     assert run_until('{"0": 7}', T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("offsets", offsets={0: 7})
     assert run_until("latest", T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("latest")
+
+
+def test_the_report_task_fails_when_the_run_ends_beyond_the_alert_limits(airflow_db, broker, topic, make_pipeline):
+    # Stamped now: the run of an interval long past plans nothing, and ends far behind the topic.
+    broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, airflow=airflow_section(), alert={"max_lag_records": 50})
+
+    run = build_dag(pipeline).test(logical_date=T0 + HOUR)
+
+    assert run.state == "failed"
+    assert states(run) == {"plan": "success", "ingest": "skipped", "report": "failed"}
+
+
+def test_the_maintenance_dag_maintains_the_tables(airflow_db, broker, topic, make_pipeline):
+    produced = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, airflow=airflow_section(), maintenance={"schedule": "0 4 * * *"},
+                             limits={"max_records_per_commit": 100})
+    assert build_dag(pipeline).test(logical_date=T0 + HOUR, run_conf={"until": "latest"}).state == "success"
+    files = len(DeltaTable(pipeline.sink.table_uri).file_uris())
+
+    run = build_maintenance_dag(pipeline).test(logical_date=T0 + 24 * HOUR)
+
+    assert run.state == "success" and states(run) == {"maintain": "success"}
+    assert len(DeltaTable(pipeline.sink.table_uri).file_uris()) < files
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)

@@ -39,6 +39,10 @@ def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_p
     assert first.returncode == 0, first.stderr[-3000:]
     assert "committed 1 batch(es), 900 records written, 0 quarantined" in first.stdout
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    # Not a terminal: progress is structured log lines on stderr.
+    (progress,) = [json.loads(line[line.index("{"):]) for line in first.stderr.splitlines() if '"event": "progress"' in line]
+    assert progress["offsets_done"] == progress["offsets_total"] == progress["records"] == 900
+    assert progress["bytes"] > 0 and progress["eta_seconds"] == 0 and progress["batch"] == progress["batches"] == 1
 
     again = oncemore("run", "orders", env=env, check_no_spark=True)
     assert again.returncode == 0, again.stderr

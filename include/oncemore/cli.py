@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset | schema``.
+"""Command line: ``oncemore run | plan | status | reset | maintain | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -82,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--to", required=True,
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}' "
                             "(unnamed partitions keep their position)")
+    add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables", _maintain)
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
     schema.set_defaults(handler=_schema)
     return parser
@@ -150,6 +151,13 @@ def _reset(pipeline: Pipeline, args) -> int:
     done = reset(pipeline, to)
     print(f"{pipeline.name}: positions of topic {done['topic']} reset from {json.dumps(done['from'])} "
           f"to {json.dumps(done['to'])} (versions: {json.dumps(done['versions'])})")
+    return 0
+
+
+def _maintain(pipeline: Pipeline, _args) -> int:
+    from .maintenance import maintain
+
+    print(json.dumps(maintain(pipeline), indent=2))
     return 0
 
 

@@ -118,6 +118,7 @@ StartingOffsets = Annotated[
     ]}),
 ]
 Positive = Annotated[StrictInt, Field(ge=1)]
+Cron = Annotated[StrictStr, Field(pattern=r"^\s*\S+(\s+\S+){4}\s*$")]  # 5 fields; Airflow parses the rest
 
 
 def _option_text(value: Any) -> str:
@@ -232,8 +233,7 @@ class Limits(_Model):
 class AirflowSettings(_Model):
     """How the pipeline's DAG runs. Runs cover data intervals of ``schedule`` (a cron string)."""
 
-    schedule: StrictStr = Field(default="0 * * * *", pattern=r"^\s*\S+(\s+\S+){4}\s*$",
-                                description="5-field cron; each run covers one interval of it")
+    schedule: Cron = Field(default="0 * * * *", description="5-field cron; each run covers one interval of it")
     start_date: datetime | None = Field(default=None, description="ISO-8601; without a zone, UTC")
     catchup: StrictBool = False
     max_active_runs: Positive = 1
@@ -254,6 +254,31 @@ class AirflowSettings(_Model):
         return None if self.start_date is None else parse_timestamp_ms(self.start_date)
 
 
+# Vacuum never deletes a file younger than this: an ingestion writes its files before it
+# commits them, and a batch that is still reading must find its files there when it commits.
+VACUUM_RETENTION_FLOOR_HOURS = 24
+
+
+class Maintenance(_Model):
+    """Table upkeep (``oncemore maintain``), run by the pipeline's maintenance DAG on ``schedule``:
+    compaction of small files, a checkpoint, and vacuum of files no version within the retention
+    still needs."""
+
+    schedule: Cron = Field(default="30 3 * * *", description="5-field cron")
+    target_file_size_mb: Positive = Field(default=128, description="compaction rewrites smaller files into files of about this size")
+    vacuum_retention_hours: StrictInt = Field(
+        default=168, ge=VACUUM_RETENTION_FLOOR_HOURS,
+        description=f"files no version needs and older than this are deleted (at least {VACUUM_RETENTION_FLOOR_HOURS})")
+
+
+class Alert(_Model):
+    """Freshness limits: the DAG's report task fails when a run ends beyond one, naming the partition."""
+
+    max_lag_records: Positive | None = Field(default=None, description="records not yet ingested, per partition")
+    max_lag_minutes: float | None = Field(default=None, gt=0, strict=False,
+                                          description="age of the oldest record not yet ingested, per partition")
+
+
 class Pipeline(_Model):
     """One pipeline file: a topic into a Delta table, exactly once."""
 
@@ -265,6 +290,11 @@ class Pipeline(_Model):
     format: Format
     limits: Limits = Limits()
     fail_on_data_loss: StrictBool = True
+    # Mirror the table's positions to consumer group oncemore.<name> after each commit, for lag
+    # tools (kafka-consumer-groups, Burrow, exporters). Never read back: the Delta log is the truth.
+    commit_consumer_group: StrictBool = False
+    alert: Alert = Alert()
+    maintenance: Maintenance | None = None
     airflow: AirflowSettings = AirflowSettings()
     _origin: str = PrivateAttr("<config>")
 

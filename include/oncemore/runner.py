@@ -20,9 +20,11 @@ from . import kafka
 from .committer import CommitOutcome, commit, covered_prefix, delete_files, ensure_tables, validate_files
 from .config import OffsetBound, Pipeline
 from .errors import CommitConflict, StalePlan, TopicChanged
+from .group_mirror import mirror_positions
 from .kafka import consumer_config
 from .ledger import CommitRecord, Ledger
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
+from .progress import Progress
 from .schema import QUARANTINE_SCHEMA
 from .storage import table_location
 from .writer import TaskResult, TaskSpec, task_result
@@ -84,6 +86,7 @@ class _Run:
         self.where = f"pipeline {pipeline.name}: {topic}"
         self._spark_factory, self._spark = spark_factory, None
         self.bytes_per_offset: dict[int, float] = {}
+        self.progress: Progress | None = None
 
     @property
     def spark(self):
@@ -95,6 +98,11 @@ class _Run:
         """The table already holds the whole batch (a retry or rerun of finished work)."""
         positions = self.main.positions(batch.expected_positions)
         return all(positions[r.partition] is not None and positions[r.partition] >= r.end for r in batch.ranges)
+
+    def offsets_left(self, batches: list[Batch]) -> int:
+        """Offsets of ``batches`` the table does not hold yet."""
+        positions = self.main.positions(self.plan.ends())
+        return sum(max(r.end - max(r.start, positions[r.partition] or 0), 0) for b in batches for r in b.ranges)
 
     def ingest(self, batch: Batch) -> BatchReport:
         report = BatchReport(batch.seq, {r.partition: (r.start, r.end) for r in batch.ranges})
@@ -112,6 +120,7 @@ class _Run:
     def _ingest_part(self, batch: Batch, positions, left: dict[int, OffsetRange], partitions, report: BatchReport) -> None:
         """Reads what is left of the batch (up to the byte budgets) and commits what was read."""
         pipeline = self.pipeline
+        started = time.monotonic()
         quarantine_positions = self.quarantine.positions(left)
         # The quarantine table keeps only rows at or after its own position (heals a crash
         # between the quarantine commit and the main commit).
@@ -137,6 +146,8 @@ class _Run:
             gaps=[g for g in batch.gaps if positions.get(g.partition) == g.start],
             topic=pipeline.source.topic, topic_id=self.plan.identity.topic_id,
             cluster_id=self.plan.identity.cluster_id, bytes_read=sum(r.bytes_read for r in kept),
+            log_end={str(p): self.plan.bounds[p].latest for p in sorted(read) if p in self.plan.bounds},
+            duration_ms=int((time.monotonic() - started) * 1000),
         )
         new_positions = {p: e for p, (_, e) in read.items()}
         if quarantine_files:
@@ -151,8 +162,14 @@ class _Run:
             report.written += written
             report.quarantined += quarantined
             report.versions.append(outcome.version)
+            if pipeline.commit_consumer_group:
+                held = self.main.positions(partitions)
+                mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
         log.info("%s: batch %d %s %s (%d written, %d quarantined)", pipeline.name, batch.seq, outcome.status,
                  {p: list(r) for p, r in read.items()}, written, quarantined)
+        ours = outcome.status == "committed"
+        self.progress.advance(batch.seq, sum(e - s for s, e in read.values()),
+                              written + quarantined if ours else 0, record.bytes_read if ours else 0)
 
     def _commit(self, ledger: Ledger, files, expected, new_positions, partitions, record) -> CommitOutcome:
         try:
@@ -260,6 +277,7 @@ def run(
         return report
     log.info("%s", describe(plan))
     ensure_tables(pipeline)
+    state.progress = Progress(pipeline.name, len(plan.batches), state.offsets_left(pending))
     for batch in plan.batches:
         report.batches.append(state.ingest(batch))
     report.seconds = time.monotonic() - started

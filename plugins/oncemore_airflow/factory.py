@@ -1,4 +1,5 @@
-"""One DAG per pipeline config: ``oncemore__<pipeline>``, plan >> ingest >> report."""
+"""DAGs per pipeline config: ``oncemore__<pipeline>`` (plan >> ingest >> report) and, for a
+pipeline with a ``maintenance`` block, ``oncemore_maintain__<pipeline>`` (maintain)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from oncemore.config import ConfigError, Pipeline, load_all
 from oncemore.storage import table_location
 
-from oncemore_airflow.operators import OncemoreIngestOperator, OncemorePlanOperator, OncemoreReportOperator
+from oncemore_airflow.operators import (
+    OncemoreIngestOperator, OncemoreMaintainOperator, OncemorePlanOperator, OncemoreReportOperator,
+)
 
 UNTIL_PATTERN = r"^\s*(latest|\d{4}-\d{2}-\d{2}[T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?|\{.*\})\s*$"
 
 
 def dag_id(pipeline_name: str) -> str:
     return f"oncemore__{pipeline_name}"
+
+
+def maintenance_dag_id(pipeline_name: str) -> str:
+    return f"oncemore_maintain__{pipeline_name}"
 
 
 def table_asset(pipeline: Pipeline) -> Asset:
@@ -68,6 +75,30 @@ def build_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def build_maintenance_dag(pipeline: Pipeline) -> DAG:
+    """Compaction, checkpoint and vacuum of the pipeline's tables on ``maintenance.schedule``;
+    runs beside ingestion (see oncemore.maintenance), one run at a time, no catch-up."""
+    check_schedulable(pipeline)
+    settings = pipeline.airflow
+    with DAG(
+        dag_id=maintenance_dag_id(pipeline.name),
+        schedule=CronDataIntervalTimetable(pipeline.maintenance.schedule, timezone="UTC"),
+        start_date=datetime.fromtimestamp(settings.start_date_ms / 1000, tz=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        tags=["oncemore", "maintenance", *settings.tags],
+        default_args={"owner": settings.owner, "retries": settings.retries,
+                      "retry_delay": timedelta(minutes=settings.retry_delay_minutes)},
+        doc_md=(f"### oncemore maintenance of `{pipeline.name}`\n\nCompacts small files into files of about "
+                f"{pipeline.maintenance.target_file_size_mb} MB, writes a checkpoint and vacuums files older than "
+                f"{pipeline.maintenance.vacuum_retention_hours} h in `{pipeline.sink.table_uri}` and its quarantine "
+                f"table. Positions (txn actions) are kept; ingestion may run at the same time."),
+    ) as dag:
+        OncemoreMaintainOperator(task_id="maintain", config_path=str(Path(pipeline.origin).resolve()),
+                                 kafka_conn_id=settings.kafka_conn_id)
+    return dag
+
+
 def _doc(pipeline: Pipeline) -> str:
     fmt = pipeline.format.type + (f" (`{pipeline.format.ddl}`)" if pipeline.format.ddl else "")
     return (
@@ -97,4 +128,6 @@ def schedulable_pipelines() -> tuple[list[Pipeline], dict[str, Exception]]:
 
 
 def load_dags() -> dict[str, DAG]:
-    return {dag.dag_id: dag for dag in map(build_dag, schedulable_pipelines()[0])}
+    pipelines = schedulable_pipelines()[0]
+    dags = [build_dag(p) for p in pipelines] + [build_maintenance_dag(p) for p in pipelines if p.maintenance]
+    return {dag.dag_id: dag for dag in dags}

@@ -1,4 +1,5 @@
-"""Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit) >> report.
+"""Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit) >> report; and the
+maintenance DAG's maintain.
 
 Thin: the work is the core package's; these only bind it to a run's context.
 """
@@ -16,8 +17,9 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
 
 from oncemore.config import OffsetBound
+from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
-from oncemore.report import verify_run
+from oncemore.report import check_freshness, verify_run
 from oncemore.spark import package_zip
 
 from oncemore_airflow.hooks import OncemoreHook
@@ -91,8 +93,9 @@ class OncemoreIngestOperator(SparkSubmitOperator):
 
 
 class OncemoreReportOperator(BaseOperator):
-    """Reads the run back from the table: fails loudly if the planned ranges are not committed;
-    returns records written/quarantined, positions and lag."""
+    """Reads the run back from the table: fails loudly if the planned ranges are not committed, or
+    if the pipeline ends beyond its ``alert`` limits (so Airflow's failure callbacks and emails
+    fire), naming the partition; returns records written/quarantined, positions and lag."""
 
     def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
         kwargs.setdefault("trigger_rule", TriggerRule.NONE_FAILED)  # also after a skipped ingest
@@ -107,4 +110,21 @@ class OncemoreReportOperator(BaseOperator):
             return {"pipeline": pipeline.name, "status": "dry-run", "plan": json.loads(plan.to_json())}
         result = verify_run(pipeline, plan, context["run_id"])
         self.log.info("%s", json.dumps(result, indent=2))
+        check_freshness(pipeline, result["partitions"])
         return result
+
+
+class OncemoreMaintainOperator(BaseOperator):
+    """Compacts, checkpoints and vacuums the pipeline's tables (``oncemore maintain``); returns
+    what was done per table."""
+
+    ui_color = "#f4f1e8"
+
+    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.config_path, self.kafka_conn_id = config_path, kafka_conn_id
+
+    def execute(self, context) -> dict[str, Any]:
+        done = maintain(OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline())
+        self.log.info("%s", json.dumps(done, indent=2))
+        return done

@@ -1,0 +1,176 @@
+"""Operating a pipeline: maintenance beside ingestion, the consumer-group mirror for lag tools,
+freshness alerts, progress, and the overview the oncemore page shows."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable
+
+from oncemore.config import VACUUM_RETENTION_FLOOR_HOURS, ConfigError, OffsetBound
+from oncemore.group_mirror import group_id, mirror_positions
+from oncemore.ledger import Ledger
+from oncemore.overview import pipeline_overview
+from oncemore.progress import Progress
+from oncemore.report import FreshnessAlert, check_freshness, status
+from oncemore.runner import run
+
+from conftest import assert_exactly_once, orders, read_pairs
+from test_cli import oncemore
+from test_ingest import oncemore_commits
+
+
+def spark_factory(spark):
+    return lambda: spark
+
+
+@pytest.mark.spark
+def test_maintenance_beside_ingestion_keeps_every_record_once_and_the_positions(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 6_000) + [(1, b"bad", b"{not json", None)])
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 300},
+                             maintenance={"target_file_size_mb": 1, "vacuum_retention_hours": VACUUM_RETENTION_FLOOR_HOURS})
+    run(pipeline, until=first_offsets(200), spark_factory=spark_factory(spark))  # the tables exist, with small files
+    # A file an ingestion has written but not committed yet: vacuum must leave it alone.
+    in_flight = Path(pipeline.sink.table_uri) / "part-in-flight.parquet"
+    pq.write_table(pa.table({"id": [1]}), in_flight)
+
+    ingestion: dict = {}
+    thread = threading.Thread(target=lambda: ingestion.update(report=run(pipeline, spark_factory=spark_factory(spark))))
+    thread.start()
+    maintained_during = []
+    while thread.is_alive():
+        done = oncemore("maintain", "--config", pipeline.origin)
+        assert done.returncode == 0, done.stderr[-3000:]
+        maintained_during.append(thread.is_alive())
+    thread.join()
+
+    assert "report" in ingestion, "the ingestion finished"
+    assert any(maintained_during), "maintenance ran while ingestion committed"
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri) + read_pairs(pipeline.sink.quarantine_uri), produced)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
+    assert ledger.positions([0, 1, 2]) == {p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
+    assert in_flight.exists(), "vacuum deleted a file younger than the retention floor"
+
+    final = oncemore("maintain", "--config", pipeline.origin)
+    tables = json.loads(final.stdout)["tables"]
+    assert tables["main"]["status"] == tables["quarantine"]["status"] == "maintained"
+    operations = [c["operation"] for c in DeltaTable(pipeline.sink.table_uri).history()]
+    assert "OPTIMIZE" in operations
+    # Compacted: fewer files than the ingestion's commits wrote, and a checkpoint of the last version.
+    assert len(DeltaTable(pipeline.sink.table_uri).file_uris()) < len(oncemore_commits(pipeline.sink.table_uri))
+    assert (Path(pipeline.sink.table_uri) / "_delta_log" / "_last_checkpoint").exists()
+
+
+def test_vacuum_retention_below_the_floor_is_refused(make_pipeline, topic):
+    with pytest.raises(ConfigError, match=f"maintenance.vacuum_retention_hours: .*{VACUUM_RETENTION_FLOOR_HOURS}"):
+        make_pipeline(topic, maintenance={"vacuum_retention_hours": 1})
+
+
+@pytest.mark.spark
+def test_positions_are_mirrored_to_the_consumer_group_and_never_read_back(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 900))
+    pipeline = make_pipeline(topic, commit_consumer_group=True, limits={"max_records_per_commit": 400})
+    run(pipeline, spark_factory=spark_factory(spark))
+
+    ends = {p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
+    assert committed_offsets(broker, pipeline) == ends
+    # The mirror is never read back: moved behind the table, the next run still starts at the table.
+    mirror_positions(pipeline, {0: 0, 1: 0, 2: 0}, table_version=0)
+    more = broker.produce(topic, orders(900, 90))
+    run(pipeline, spark_factory=spark_factory(spark))
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced + more)
+    assert committed_offsets(broker, pipeline) == {p: max(o for q, o in produced + more if q == p) + 1 for p in (0, 1, 2)}
+
+
+def test_a_failed_mirror_is_logged_not_raised(make_pipeline, topic, caplog):
+    pipeline = make_pipeline(topic, source={"bootstrap_servers": "127.0.0.1:1", "stall_timeout_seconds": 2})
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="oncemore"):
+        assert mirror_positions(pipeline, {0: 5}, table_version=3) is False
+    assert time.monotonic() - started < 30
+    assert f"could not mirror positions of {topic} (table version 3) to consumer group oncemore.orders" in caplog.text
+
+
+def committed_offsets(broker, pipeline) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    request = ConsumerGroupTopicPartitions(group_id(pipeline), [TopicPartition(pipeline.source.topic, p) for p in (0, 1, 2)])
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    return {tp.partition: tp.offset for tp in future.result(timeout=30).topic_partitions}
+
+
+def test_freshness_alert_names_the_partition_beyond_the_limits(broker, topic, make_pipeline):
+    stamp = int(time.time() * 1000) - 30 * 60_000  # half an hour ago, nothing ingested
+    broker.produce(topic, [(1, None, b"{}", stamp + i) for i in range(150)] + [(2, None, b"{}", None)])
+    pipeline = make_pipeline(topic, alert={"max_lag_records": 100, "max_lag_minutes": 10})
+
+    rows = {r["partition"]: r for r in status(pipeline)["partitions"]}
+    assert rows[1]["lag"] == 150 and 29 * 60 < rows[1]["lag_seconds"] < 40 * 60
+    assert rows[0]["lag"] == 0 and rows[0]["lag_seconds"] == 0
+    with pytest.raises(FreshnessAlert) as alert:
+        check_freshness(pipeline, list(rows.values()))
+    message = str(alert.value)
+    assert f"{topic}/1: 150 records behind (limit 100" in message
+    assert f"{topic}/1: oldest record not ingested is " in message and "(limit 10" in message
+    assert f"{topic}/2" not in message and f"{topic}/0" not in message
+    check_freshness(make_pipeline(topic, name="relaxed", alert={"max_lag_records": 1000}), list(rows.values()))
+
+
+def test_progress_is_a_json_line_off_a_terminal_and_one_rewritten_line_on_one(caplog):
+    with caplog.at_level(logging.INFO, logger="oncemore.progress"):
+        progress = Progress("orders", batches=2, offsets=1000, stream=io.StringIO())
+        time.sleep(0.2)
+        figures = progress.advance(0, 400, 398, 52_000)
+    line = json.loads(caplog.records[-1].getMessage())
+    assert line == figures and line["event"] == "progress" and line["batch"] == 1 and line["batches"] == 2
+    assert (line["offsets_done"], line["offsets_total"], line["records"], line["bytes"]) == (400, 1000, 398, 52_000)
+    assert 0 < line["records_per_second"] <= 2_000 and line["eta_seconds"] == pytest.approx(
+        600 / line["records_per_second"], abs=0.1)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    progress = Progress("orders", batches=2, offsets=1000, stream=terminal)
+    progress.advance(0, 400, 400, 52_000)
+    progress.advance(1, 600, 600, 78_000)
+    first, second = terminal.getvalue().split("\r")[1:]
+    assert first.startswith("orders: batch 1/2,  40.0% of 1,000 offsets, 400 records, 50.8 KiB") and "ETA" in first
+    assert second.startswith("orders: batch 2/2, 100.0% of 1,000 offsets, 1,000 records, 127.0 KiB") and second.endswith("\n")
+
+
+@pytest.mark.spark
+def test_the_overview_matches_the_ledger(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 600) + [(0, b"k", b"\x00\x01 not json", None)])
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 250})
+    run(pipeline, until=first_offsets(150), spark_factory=spark_factory(spark))
+
+    data = pipeline_overview(pipeline, detail=True)
+    commits = Ledger(pipeline.sink.table_uri, pipeline.name, topic).recent_batches(100)
+    assert [b["version"] for b in data["batches"]] == [e.version for e in commits]
+    assert data["last_commit"]["version"] == DeltaTable(pipeline.sink.table_uri).version()
+    assert sum(h["written"] for h in data["per_hour"]) == sum(e.record.records["written"] for e in commits)
+    assert [p["lag"] for p in data["lag_after_commit"]] == [sum(e.record.lag().values()) for e in reversed(commits)]
+    # The last batch left the records after the bound: the lag the plan saw, and the lag now.
+    assert data["lag_after_commit"][-1]["lag"] == sum(r["lag"] for r in data["partitions"]) == len(produced) - 3 * 150
+    assert all(b["duration_seconds"] > 0 for b in data["batches"])
+    assert data["quarantine_sample"] == [], "the record that is not JSON lies after the bound"
+
+    run(pipeline, spark_factory=spark_factory(spark))
+    (sample,) = pipeline_overview(pipeline, detail=True)["quarantine_sample"]
+    assert sample["value_head"] == "\\x00\\x01 not json" and sample["error"].startswith("invalid JSON")
+
+
+def first_offsets(count: int) -> OffsetBound:
+    """A bound ending each of the three partitions after its first ``count`` offsets."""
+    return OffsetBound.parse(json.dumps({str(p): count for p in (0, 1, 2)}))
