@@ -75,7 +75,9 @@ def main() -> None:
             "AIRFLOW_CONN_ONCEMORE_SPARK": json.dumps({"conn_type": "spark", "host": cluster.master_url}),
         })
         stack.callback(airflow.stop)
-        step(started, f"Airflow scheduler, DAG processor and API server up at {airflow.url} (logs in {airflow.home})")
+        step(started, f"Airflow scheduler, DAG processor and API server up at {airflow.url} (log in as "
+                      f"{airflow.username}, password in {airflow.env['AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE']}; "
+                      f"logs in {airflow.home})")
 
         def finished(count: int):
             runs = airflow.dag_runs(DAG_ID)

@@ -10,6 +10,7 @@ cookie or a bearer token) must allow reading the pipeline's DAG.
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +24,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from oncemore.config import load_all
+from oncemore.kafka import CLIENT_LOG
 from oncemore.overview import pipeline_overview
 
 from oncemore_airflow import charts
@@ -31,6 +33,9 @@ from oncemore_airflow.hooks import OncemoreHook
 
 URL_PREFIX = "/oncemore"
 _THREADS = 8
+# Every page view creates Kafka clients; their informational chatter does not belong in the API
+# server's log. Failures still reach the page as errors.
+CLIENT_LOG.setLevel(logging.WARNING)
 
 app = FastAPI(title="oncemore", description="Positions, lag, batches and quarantine of oncemore pipelines")
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
