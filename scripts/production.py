@@ -87,7 +87,7 @@ def main() -> None:
 
         runs = wait_for(lambda: finished(3), 1200, "the three catch-up runs", 5)
         step(started, "catch-up done: " + ", ".join(f"{r['data_interval_start'][11:16]} {r['state']}" for r in runs))
-        backfill = airflow.api("POST", "/api/v2/backfills", {
+        backfill = airflow.create_backfill({
             "dag_id": DAG_ID, "from_date": start.isoformat(), "to_date": (hour - timedelta(hours=1)).isoformat(),
             "reprocess_behavior": "completed", "max_active_runs": 1})
         wait_for(lambda: airflow.api("GET", f"/api/v2/backfills/{backfill['id']}")["completed_at"], 1200,

@@ -1,7 +1,7 @@
 """spark-submit entry point: one oncemore run (the same as `oncemore run`).
 
     spark-submit --py-files oncemore.zip spark_jobs/ingest.py --config include/pipelines/orders.yaml \
-        [--plan "$(oncemore plan orders --json)"] [--until ...] [--run-id ...]
+        [--plan-file plan.json] [--until ...] [--run-id ...]
 
 The master and Spark settings come from spark-submit; the package travels in --py-files.
 """

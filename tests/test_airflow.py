@@ -82,7 +82,8 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
 
-    assert sorted(bag.dags) == ["oncemore__orders", "oncemore__payments"]
+    assert sorted(bag.dags) == ["oncemore__orders", "oncemore__payments",
+                                "oncemore_maintain__orders", "oncemore_maintain__payments"]
     (error,) = bag.import_errors.values()
     assert f"{tmp_path / 'broken.yaml'}: source.topic: Input should be a valid string" in error
 

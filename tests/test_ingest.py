@@ -73,10 +73,13 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     (version, batch), = oncemore_commits(pipeline.sink.table_uri)
     assert [version] == report.batches[0].versions
     assert batch.pipeline == "orders" and batch.run_id == "run-42" and batch.until == "latest"
-    assert batch.batch_seq == 0 and batch.format_version == 2 and batch.oncemore_version
+    assert batch.batch_seq == 0 and batch.format_version == 3 and batch.oncemore_version
     bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
     assert batch.ranges == {topic: {str(p): [0, bounds[p].latest] for p in (0, 1, 2)}}
     assert batch.records == {"written": 300, "quarantined": 0}
+    # The log end it planned to (here: all of it, so no lag) and how long the batch took.
+    assert batch.log_end == {str(p): bounds[p].latest for p in (0, 1, 2)} and batch.lag() == {0: 0, 1: 0, 2: 0}
+    assert batch.duration_ms > 0
     # The identity the offsets refer to, as the broker reports it.
     from confluent_kafka import TopicCollection
 

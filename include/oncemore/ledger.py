@@ -7,8 +7,8 @@ Format (a contract; the CLI, Airflow's report task, the UI and other tools read 
   ``delta.setTransactionRetentionDuration`` can only expire the positions of a pipeline that
   has not committed for that long (delta-rs drops expired txns when it reads a snapshot);
 - the commit's commitInfo carries a CommitRecord as JSON under the key ``oncemore``: the batch
-  (ranges, records, gaps) or a deliberate reset (old and new positions), and the topic ID and
-  cluster ID the offsets refer to.
+  (ranges, records, gaps, the log end it planned to and how long it took) or a deliberate reset
+  (old and new positions), and the topic ID and cluster ID the offsets refer to.
 Positions come from the snapshot's txn actions (kept by checkpoints), never from a history scan;
 only the identity check and reports read recent history, newest first and bounded.
 """

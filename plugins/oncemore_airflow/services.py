@@ -54,6 +54,19 @@ class AirflowServices:
                     raise
                 time.sleep(1 + attempt)
 
+    def create_backfill(self, body: Mapping[str, Any]) -> dict:
+        """``POST /api/v2/backfills``. On SQLite a create can commit and still answer 503 (the lock
+        met after the write); its retry then gets 409 (one active backfill per DAG): that active
+        backfill is the one this call created."""
+        try:
+            return self.api("POST", "/api/v2/backfills", body)
+        except HTTPError as error:
+            if error.code != 409:
+                raise
+        backfills = self.api("GET", f"/api/v2/backfills?dag_id={body['dag_id']}")["backfills"]
+        (active,) = [b for b in backfills if not b["completed_at"]]
+        return active
+
     def dag_runs(self, dag_id: str) -> list[dict]:
         """The DAG's runs by logical date; none while the DAG processor has not parsed it yet (404)."""
         try:
@@ -101,7 +114,6 @@ def service_environment(home: Path, port: int, extra: Mapping[str, str]) -> dict
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         **extra,
     })
