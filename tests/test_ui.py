@@ -17,7 +17,6 @@ from urllib.parse import quote
 import pytest
 import yaml
 from deltalake import DeltaTable
-
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from oncemore import kafka
@@ -26,7 +25,7 @@ from oncemore.ledger import Ledger
 
 from conftest import ROOT, assert_exactly_once, read_pairs
 from test_ingest import oncemore_commits
-from test_scheduler import assert_runs_hold_their_intervals, parse
+from test_scheduler import assert_runs_hold_their_intervals, backfills_done, parse
 
 from oncemore_airflow.services import start_airflow, wait_for
 
@@ -138,11 +137,6 @@ def dag_parsed(services) -> bool:
         raise
 
 
-def backfills_done(services, count: int):
-    backfills = services.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}")["backfills"]
-    return len(backfills) == count and all(b["completed_at"] for b in backfills) and backfills
-
-
 def succeeded_runs(services, count: int):
     runs = services.dag_runs(DAG_ID)
     assert not [r for r in runs if r["state"] == "failed"], [r["dag_run_id"] for r in runs]
@@ -156,7 +150,7 @@ def test_a_backfill_created_in_the_ui_ingests_exactly_its_intervals_and_its_reru
     assert services.dag_runs(DAG_ID) == [], "the schedule starts next hour: only backfills run"
 
     backfill_from_the_ui(page, services.url, start, start + timedelta(hours=1), "Missing Runs", shot="backfill-dialog.png")
-    wait_for(lambda: backfills_done(services, 1), 600, "the UI backfill", 5)
+    wait_for(lambda: backfills_done(services, DAG_ID, 1), 600, "the UI backfill", 5)
     runs = wait_for(lambda: succeeded_runs(services, 2), 120, "the backfill runs", 3)
 
     assert [parse(r["data_interval_start"]) for r in runs] == [start, start + timedelta(hours=1)]
@@ -171,7 +165,7 @@ def test_a_backfill_created_in_the_ui_ingests_exactly_its_intervals_and_its_reru
     version = DeltaTable(table_uri).version()
 
     backfill_from_the_ui(page, services.url, start, start + timedelta(hours=1), "All Runs")
-    wait_for(lambda: backfills_done(services, 2), 600, "the UI re-backfill", 5)
+    wait_for(lambda: backfills_done(services, DAG_ID, 2), 600, "the UI re-backfill", 5)
     runs = wait_for(lambda: succeeded_runs(services, 2), 120, "the re-run backfill runs", 3)
     assert DeltaTable(table_uri).version() == version, "a rerun of the backfill commits nothing"
     assert_exactly_once(read_pairs(table_uri) + read_pairs(pipeline.sink.quarantine_uri), first_two_hours)
