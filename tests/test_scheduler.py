@@ -23,7 +23,7 @@ from oncemore_airflow.services import start_airflow, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 DAG_ID = "oncemore__events"
-HOUR_TURN_MARGIN = timedelta(minutes=8)  # the test takes about 3.5 minutes
+HOUR_TURN_MARGIN = timedelta(minutes=10)  # the test took 3 to 5.5 minutes
 
 
 def event(i: int) -> bytes:
@@ -117,15 +117,20 @@ def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(
     # Airflow allows one active backfill per DAG; on SQLite a create retried after a 503 may have
     # left a second one over the same hours (re-running them once more, committing nothing).
     wait_for(lambda: backfills_done(services, DAG_ID, 1), 600, "every backfill of the DAG", 5)
-    for attempt in range(3):  # on SQLite the CLI's write can meet the scheduler's lock
+    # On SQLite the CLI's write can meet the scheduler's lock, and in the full suite the CLI has
+    # seen the finished REST backfill as still active for a while (AlreadyRunningBackfill) after
+    # the API reported it completed: both are retried for up to two minutes.
+    for attempt in range(24):
         created = subprocess.run([sys.executable, "-m", "airflow", "backfill", "create", "--dag-id", DAG_ID,
                                   "--from-date", (start + timedelta(hours=2)).isoformat(),
                                   "--to-date", (start + timedelta(hours=2)).isoformat(),
                                   "--reprocess-behavior", "completed"],
                                  env=services.env, capture_output=True, text=True, timeout=300)
-        if created.returncode == 0 or "database is locked" not in created.stderr:
+        if created.returncode == 0 or not any(
+                why in created.stderr for why in ("database is locked", "AlreadyRunningBackfill")):
             break
-    assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-3000:]
+        time.sleep(5)
+    assert created.returncode == 0, (created.stderr[-3000:], services.api("GET", f"/api/v2/backfills?dag_id={DAG_ID}"))
 
     wait_for(lambda: backfills_done(services, DAG_ID, 2), 600, "the CLI backfill", 5)
     # Airflow re-runs the existing runs of those intervals (same run ids) as backfill runs.
