@@ -32,8 +32,9 @@ def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any
     """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
     page plots and a sample of quarantined records."""
     ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
-    history = ledger.recent_batches(HISTORY_COMMITS)
-    data = status(pipeline, history)
+    table = ledger.table()  # one snapshot load for the history and the status
+    history = ledger.recent_batches(HISTORY_COMMITS, table)
+    data = status(pipeline, history, table)
     data["last_commit"] = _batch(history[0]) if history else None
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
