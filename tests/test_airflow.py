@@ -76,8 +76,11 @@ def test_every_shipped_config_yields_a_dag_with_plan_ingest_report(monkeypatch):
 def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_path, monkeypatch):
     good = (ROOT / "include" / "pipelines" / "orders.yaml").read_text()
     (tmp_path / "orders.yaml").write_text(good)
-    (tmp_path / "payments.yaml").write_text(good.replace("name: orders", "name: payments"))
+    (tmp_path / "payments.yaml").write_text(good.replace("name: orders", "name: payments").replace("delta/orders", "delta/payments"))
     (tmp_path / "broken.yaml").write_text(good.replace("name: orders", "name: broken").replace("topic: orders", "topic: [1, 2]"))
+    # A typo inside an optional block once made the key listing crash and took every DAG down.
+    (tmp_path / "typo.yaml").write_text(good.replace("name: orders", "name: typo").replace("delta/orders", "delta/typo")
+                                        .replace('  schedule: "30 3 * * *"', '  schedul: "30 3 * * *"'))
     monkeypatch.setenv("ONCEMORE_PIPELINES_DIR", str(tmp_path))
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
@@ -86,6 +89,8 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
                                 "oncemore_maintain__orders", "oncemore_maintain__payments"]
     (error,) = bag.import_errors.values()
     assert f"{tmp_path / 'broken.yaml'}: source.topic: Input should be a valid string" in error
+    assert (f"{tmp_path / 'typo.yaml'}: maintenance.schedul: unknown key (allowed: schedule, target_file_size_mb, "
+            "vacuum_retention_hours)") in error
 
 
 def test_rerun_of_an_interval_is_a_noop_that_skips_spark(airflow_db, broker, topic, make_pipeline):

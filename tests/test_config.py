@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,58 @@ def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key,
     assert error.value.key == key
     assert problem in error.value.problem
     assert str(path) in str(error.value) and key in str(error.value)
+
+
+def _blocks(model, prefix=""):
+    """Every block of the pipeline model (nested and optional ones included), as dotted keys."""
+    from oncemore.config import _model_of
+
+    found = [prefix]
+    for name, field in model.model_fields.items():
+        inner = _model_of(field.annotation)
+        if inner is not None:
+            found += _blocks(inner, f"{prefix}{field.alias or name}.")
+    return found
+
+
+def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path):
+    from oncemore.config import Pipeline
+
+    blocks = _blocks(Pipeline)
+    assert {"", "source.", "sink.", "format.", "limits.", "alert.", "maintenance.", "airflow."} <= set(blocks)
+    for block in blocks:
+        doc = yaml.safe_load(yaml.safe_dump(VALID))
+        target = doc
+        for key in block.rstrip(".").split(".") if block else []:
+            target = target.setdefault(key, {})
+        target["tpyo"] = 1
+        with pytest.raises(ConfigError) as error:
+            load_pipeline(write(tmp_path, doc), ENV)
+        assert error.value.key == f"{block}tpyo" and error.value.problem.startswith("unknown key (allowed: "), block
+
+
+def test_a_yaml_syntax_error_names_line_and_column_never_the_text(tmp_path):
+    path = write(tmp_path, "name: orders\nsource:\n  kafka_options: {sasl.password: hunter2secret\nsink: x\n")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(path, ENV)
+    message = str(error.value)
+    assert "hunter2secret" not in message and "sasl" not in message and len(message.splitlines()) == 1
+    assert message.startswith(f"{path}: not valid YAML: line 4, column 5: ")
+
+
+def test_two_pipelines_on_one_table_are_both_flagged(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    write(tmp_path, VALID)
+    write(tmp_path, with_change("name", "copy"), name="copy")
+    write(tmp_path, with_change("name", "apart") | {"sink": {"table_uri": "/data/delta/apart"}}, name="apart")
+    # One's table is the other's quarantine table: as bad.
+    write(tmp_path, with_change("name", "crossed") | {"sink": {"table_uri": "/data/delta/apart_quarantine/"}}, name="crossed")
+    loaded, broken = load_all(tmp_path)
+    assert [p.name for p in loaded] == []
+    assert sorted(Path(p).stem for p in broken) == ["apart", "copy", "crossed", "orders"]
+    assert "sink.table_uri: is also the table of pipeline copy" in str(broken[str(tmp_path / "orders.yaml")])
+    assert "is also the table of pipeline crossed" in str(broken[str(tmp_path / "apart.yaml")])
 
 
 def test_missing_env_var_is_named(tmp_path):
@@ -166,3 +219,41 @@ def test_published_json_schema_is_current_and_checks_pipeline_files(monkeypatch)
     for change, value in [("source.topik", "x"), ("format.type", "avro"), ("limits.max_records_per_commit", 0),
                           ("source.starting_offsets", {"0": -1}), ("sink.storage_options", {"k": [1]})]:
         assert list(validator.iter_errors(with_change(change, value))), change
+
+
+SECRET_STORAGE_KEYS = ["AZURE_STORAGE_ACCOUNT_KEY", "ACCOUNT_KEY", "AZURE_STORAGE_MASTER_KEY", "AZURE_STORAGE_SAS_KEY",
+                       "GOOGLE_SERVICE_ACCOUNT_KEY", "azure_storage_sas_token", "AZURE_CLIENT_SECRET", "AWS_SESSION_TOKEN",
+                       "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SECRET_ACCESS_KEY", "SOME_FUTURE_CREDENTIAL_NAME"]
+SECRET_KAFKA_KEYS = ["sasl.password", "ssl.key.pem", "ssl.key.password", "ssl.keystore.password",
+                     "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "sasl.jaas.config",
+                     "sasl.oauthbearer.assertion.private.key.passphrase"]
+
+
+def test_every_option_not_known_harmless_is_masked_in_output_and_in_spark(tmp_path):
+    from oncemore.redaction import spark_options_regex
+
+    storage = {key: "${KAFKA_PASSWORD}" for key in SECRET_STORAGE_KEYS} | {"AWS_REGION": "eu-west-1", "aws_allow_http": "true"}
+    kafka = {key: "${KAFKA_PASSWORD}" for key in SECRET_KAFKA_KEYS} | {"security.protocol": "SASL_SSL", "sasl.username": "svc"}
+    doc = with_change("sink.storage_options", storage)
+    doc["source"]["kafka_options"] = kafka
+    shown = load_pipeline(write(tmp_path, doc), ENV).redacted()
+    assert "hunter2" not in json.dumps(shown)
+    assert {k for k, v in shown["sink"]["storage_options"].items() if v != "***"} == {"AWS_REGION", "aws_allow_http"}
+    assert {k for k, v in shown["source"]["kafka_options"].items() if v != "***"} == {"security.protocol", "sasl.username"}
+    # Spark masks a data source option when this regex finds its key (Java syntax; these constructs match Python's).
+    regex = re.compile(spark_options_regex().removeprefix("(?i)"), re.I)
+    for key in SECRET_STORAGE_KEYS:
+        assert regex.search(f"storage.{key}"), key
+    for key in SECRET_KAFKA_KEYS:
+        assert regex.search(f"kafka.{key}"), key
+    for harmless in ("storage.AWS_REGION", "storage.aws_allow_http", "kafka.security.protocol", "kafka.sasl.username",
+                     "kafka.group.id", "topic", "tasks", "pipeline"):
+        assert not regex.search(harmless), harmless
+    assert regex.search("registry.basic.auth.user.info") and regex.search("registry.url")
+
+
+def test_registry_urls_are_shown_without_their_user_info():
+    from oncemore.redaction import redact
+
+    assert redact("registry", {"url": "https://user:pw@registry:8081/x", "basic.auth.user.info": "user:pw"}) == {
+        "url": "https://***@registry:8081/x", "basic.auth.user.info": "***"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,16 +25,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .redaction import redact
 from .schema import PARTITIONABLE_TYPES, SchemaError, main_table_schema, parse_schema
 
 PIPELINES_DIR_ENV = "ONCEMORE_PIPELINES_DIR"
 DEFAULT_PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-# Option keys whose values must never be printed (librdkafka's, delta-rs's, and Spark's own defaults).
-SECRET_KEY_PATTERN = r"password|secret|token|access[._]?key|jaas|ssl\.key|credentials|session"
-_SECRET_KEY = re.compile(SECRET_KEY_PATTERN, re.I)
-REDACTED = "***"
 
 
 class ConfigError(ValueError):
@@ -339,13 +337,9 @@ class Pipeline(_Model):
     def redacted(self) -> dict[str, Any]:
         """The pipeline as a plain dict safe to print or log: secret option values masked."""
         shown = self.model_dump(mode="json", by_alias=True)
-        shown["source"]["kafka_options"] = redact_options(self.source.kafka_options)
-        shown["sink"]["storage_options"] = redact_options(self.sink.storage_options)
+        shown["source"]["kafka_options"] = redact("kafka", self.source.kafka_options)
+        shown["sink"]["storage_options"] = redact("storage", self.sink.storage_options)
         return shown
-
-
-def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in options.items()}
 
 
 def format_timestamp_ms(ms: int | None) -> str:
@@ -396,22 +390,56 @@ def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) ->
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, "", f"not valid YAML: {exc}") from exc
+        raise ConfigError(source, "", f"not valid YAML: {_yaml_problem(exc)}") from None
     pipeline = parse_pipeline(raw, source, os.environ if environ is None else environ)
     if pipeline.name != path.stem:
         raise ConfigError(source, "name", f"must match the file name {path.stem!r}, got {pipeline.name!r}")
     return pipeline
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what, never the text around it: the line may hold a secret."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{context + ': ' if context else ''}{problem}"
+
+
 def load_all(directory: Path | None = None) -> tuple[list[Pipeline], dict[str, ConfigError]]:
-    """Every pipeline in ``directory``; broken files are returned apart so the others still load."""
+    """Every pipeline in ``directory``; broken files are returned apart so the others still load.
+    Pipelines that share a table are all broken: a table belongs to one pipeline."""
     loaded, broken = [], {}
     for path in sorted((directory or pipelines_dir()).glob("*.y*ml")):
         try:
             loaded.append(load_pipeline(path))
         except ConfigError as exc:
             broken[str(path)] = exc
-    return loaded, broken
+        except Exception as exc:  # a bug of ours must not take every other pipeline's DAG down
+            broken[str(path)] = ConfigError(str(path), "", f"cannot be loaded ({type(exc).__name__})")
+    broken.update(shared_tables(loaded))
+    return [p for p in loaded if p.origin not in broken], broken
+
+
+def shared_tables(pipelines: list[Pipeline]) -> dict[str, ConfigError]:
+    """By file, the pipelines whose main or quarantine table is also another pipeline's table, with
+    the error naming the other: two pipelines planning into one table would duplicate records."""
+    owners: dict[str, list[tuple[Pipeline, str]]] = {}
+    for pipeline in pipelines:
+        for key, uri in (("sink.table_uri", pipeline.sink.table_uri), ("sink.quarantine_uri", pipeline.sink.quarantine_uri)):
+            owners.setdefault(_table_key(uri), []).append((pipeline, key))
+    errors: dict[str, ConfigError] = {}
+    for users in owners.values():
+        for pipeline, key in users:
+            others = [f"{other.name} ({other.origin}, {other_key})" for other, other_key in users if other is not pipeline]
+            if others and pipeline.origin not in errors:
+                errors[pipeline.origin] = ConfigError(pipeline.origin, key, f"is also the table of pipeline {', '.join(others)}; "
+                                                                     "a table belongs to one pipeline")
+    return errors
+
+
+def _table_key(uri: str) -> str:
+    return (uri if "://" in uri else str(Path(uri).expanduser().resolve())).rstrip("/")
 
 
 def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: str = "") -> Any:
@@ -461,10 +489,19 @@ def _config_error(source: str, error: Mapping[str, Any]) -> ConfigError:
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:
+    """The keys of the model at ``loc`` (optional blocks, ``X | None``, included)."""
     model: type[BaseModel] = Pipeline
     for part in loc:
-        model = model.model_fields[part].annotation
+        field = next(f for name, f in model.model_fields.items() if part in (name, f.alias))
+        model = _model_of(field.annotation)
     return sorted(field.alias or name for name, field in model.model_fields.items())
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (``Maintenance | None`` -> Maintenance), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_of, typing.get_args(annotation)) if m is not None), None)
 
 
 def with_kafka_overrides(pipeline: Pipeline, overrides: Mapping[str, Any]) -> Pipeline:

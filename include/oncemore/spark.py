@@ -12,7 +12,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from .config import SECRET_KEY_PATTERN
+from .redaction import SPARK_CONF_REGEX, spark_options_regex
 
 MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 
@@ -29,10 +29,10 @@ def spark_session(master: str | None = None):
         builder = builder.master(master)
     spark = (
         builder.config("spark.sql.session.timeZone", "UTC")
-        # librdkafka settings travel as data source options (kafka.*): keep their secrets out of
-        # plans, logs and the UI (Spark's default patterns miss sasl.jaas.config).
-        .config("spark.redaction.regex", f"(?i){SECRET_KEY_PATTERN}")
-        .config("spark.sql.redaction.options.regex", f"(?i){SECRET_KEY_PATTERN}|url")
+        # librdkafka and storage settings travel as data source options (kafka.*, storage.*): every
+        # one not known harmless is masked in plans, logs and the UI (redaction.py).
+        .config("spark.redaction.regex", SPARK_CONF_REGEX)
+        .config("spark.sql.redaction.options.regex", spark_options_regex())
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
