@@ -73,12 +73,8 @@ class Decoder:
     def _decode_json(self, records: pa.Table, errors: dict[int, str]) -> tuple[list[int], pa.Table]:
         """The indices of the records that decode, and their rows (declared schema), in order."""
         values = records.column("value").combine_chunks()
-        for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
-            errors.setdefault(i, "value is null (tombstone), not a JSON object")
-        # A blank value parses to no row at all; excluded up front, every other value yields at
-        # least one row, so "rows == records" proves one row per record (see _parse_block).
-        for i in pc.indices_nonzero(pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)).to_pylist():
-            errors.setdefault(i, "value is empty, not a JSON object")
+        for i, message in not_json_objects(values).items():
+            errors.setdefault(i, message)
         candidates = [i for i in range(len(values)) if i not in errors]
         parsed = self._parse(values, candidates, errors)
         candidates = [i for i in candidates if i not in errors]
@@ -155,6 +151,32 @@ class Decoder:
             kind = _type_name(self._temporal[number.group(1)])
             return f"column {number.group(1)!r}: a number where {kind} needs an ISO-8601 string (its unit would be a guess)"
         return f"invalid JSON for the declared schema: {text}"
+
+
+_JSON_KINDS = {b"n": "JSON null", b"[": "a JSON array", b'"': "a JSON string", b"t": "a JSON boolean", b"f": "a JSON boolean"}
+
+
+def not_json_objects(values: pa.BinaryArray) -> dict[int, str]:
+    """By index, why a value cannot be one JSON object: null (a tombstone), blank, not UTF-8 (RFC
+    8259), or another JSON value. Checked before Arrow's reader sees the values: a top-level
+    ``null`` on the first line of a block crashes it (the process dies, pyarrow 26), and anything
+    it took would not be one row of the declared columns. Every value left starts with ``{`` and
+    so parses to at least one row: "rows == records" then proves one row per record (_parse_block)."""
+    problems = {i: "value is null (tombstone), not a JSON object" for i in pc.indices_nonzero(pc.is_null(values)).to_pylist()}
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:  # rare: find the values at fault one by one
+        for i, value in enumerate(values.to_pylist()):
+            try:
+                value is None or value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems.setdefault(i, f"value is not valid UTF-8 (byte {exc.start}), so not JSON")
+    objects = pc.fill_null(pc.match_substring_regex(values, r"^[ \t\r\n]*\{"), True)
+    for i in pc.indices_nonzero(pc.invert(objects)).to_pylist():
+        head = values[i].as_py().lstrip(b" \t\r\n")[:1]
+        kind = "empty" if not head else _JSON_KINDS.get(head, "a JSON number" if head in b"-0123456789" else "not JSON")
+        problems.setdefault(i, f"value is {kind}, not a JSON object")
+    return problems
 
 
 def _is_temporal(kind: pa.DataType) -> bool:
