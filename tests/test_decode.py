@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 
 from pathlib import Path
@@ -69,11 +70,31 @@ def test_raw_keeps_bytes_and_never_quarantines():
 
 
 def test_schema_ddl_types():
-    schema = parse_schema("a TINYINT, b INT NOT NULL, c DECIMAL(10, 2), d VARCHAR(20), `e f` DATE, g TIMESTAMP_NTZ")
+    schema = parse_schema("a TINYINT, b INT NOT NULL, c DECIMAL(10, 2), d VARCHAR(20), `e-f` DATE, g TIMESTAMP_NTZ")
     assert [str(f.type) for f in schema] == ["int8", "int32", "decimal128(10, 2)", "string", "date32[day]", "timestamp[us]"]
-    assert not schema.field("b").nullable and schema.names[4] == "e f"
+    assert not schema.field("b").nullable and schema.names[4] == "e-f"
     with pytest.raises(SchemaError, match="duplicate"):
         parse_schema("a INT, a STRING")
+
+
+@pytest.mark.parametrize("ddl, problem", [
+    ("id INT, ID STRING", "duplicate column 'ID' (Delta column names ignore case)"),
+    ("`e f` INT", "cannot hold a column name with ' '"),
+    ("`a=b` INT, `c;d` INT", "with '='"),
+    ("_KAFKA_offset BIGINT", "reserved"),
+])
+def test_column_names_delta_cannot_hold_are_refused(ddl, problem):
+    with pytest.raises(SchemaError, match=re.escape(problem)):
+        parse_schema(ddl)
+
+
+def test_a_decimal_beyond_its_precision_is_quarantined_not_stored():
+    # Arrow's reader checks the digits as written, then rescales: 1234.5 became 1234.50 in DECIMAL(5,2).
+    decoded = Decoder("json", "id BIGINT, d DECIMAL(5,2)").decode(records(
+        [b'{"id": 1, "d": 999.99}', b'{"id": 2, "d": 1234.5}', b'{"id": 3, "d": "-1234.5"}', b'{"id": 4, "d": -0.01}']))
+    assert decoded.good.select(["id"]).to_pylist() == [{"id": 1}, {"id": 4}]
+    bad = {row["_kafka_offset"]: row["error"] for row in decoded.bad.to_pylist()}
+    assert bad == {101: "column 'd': 1234.50 does not fit DECIMAL(5,2)", 102: "column 'd': -1234.50 does not fit DECIMAL(5,2)"}
 
 
 def test_dates_and_timestamps_are_read_from_iso_text_and_bad_ones_quarantined_alone():
@@ -121,7 +142,7 @@ def test_values_that_are_not_json_objects_are_quarantined_before_arrow_sees_them
 
     child = subprocess.run([sys.executable, "-c", f"""
 import json, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1] / "include")!r}]
 from test_decode import records, NOT_OBJECTS
 from oncemore.decode import Decoder
 values = list(NOT_OBJECTS) + [b'{{"id": 1}}', b"null", b'{{"id": 2}}']

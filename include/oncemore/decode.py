@@ -16,6 +16,7 @@ Partition Value Serialization), so the row would not read back as it was sent.
 
 from __future__ import annotations
 
+import decimal
 import re
 from dataclasses import dataclass
 from io import BytesIO
@@ -130,6 +131,10 @@ class Decoder:
                 column, bad = _to_temporal(field.name, column, field.type)
                 for row, message in bad.items():
                     failures.setdefault(row, message)
+            if pa.types.is_decimal(field.type):
+                for row in _beyond_precision(column, field.type):
+                    failures.setdefault(row, f"column {field.name!r}: {column[row].as_py()} does not fit "
+                                             f"DECIMAL({field.type.precision},{field.type.scale})")
             if field.name in self.partition_by and pa.types.is_string(field.type):
                 for row in pc.indices_nonzero(pc.fill_null(pc.equal(column, ""), False)).to_pylist():
                     failures.setdefault(row, f"column {field.name!r} partitions the table and Delta reads an empty "
@@ -177,6 +182,17 @@ def not_json_objects(values: pa.BinaryArray) -> dict[int, str]:
         kind = "empty" if not head else _JSON_KINDS.get(head, "a JSON number" if head in b"-0123456789" else "not JSON")
         problems.setdefault(i, f"value is {kind}, not a JSON object")
     return problems
+
+
+def _beyond_precision(column: pa.ChunkedArray, kind: pa.Decimal128Type) -> list[int]:
+    """Rows holding more digits before the point than ``kind`` allows. Arrow's JSON reader checks
+    the digits as written and then rescales (1234.5 becomes 1234.50 in a DECIMAL(5,2)), which no
+    reader of the table could read back."""
+    if kind.precision >= 38:  # the widest Arrow holds: nothing more to check
+        return []
+    wide = column.cast(pa.decimal128(38, kind.scale))
+    limit = pa.scalar(decimal.Decimal(10) ** (kind.precision - kind.scale), pa.decimal128(38, kind.scale))
+    return pc.indices_nonzero(pc.fill_null(pc.greater_equal(pc.abs(wide), limit), False)).to_pylist()
 
 
 def _is_temporal(kind: pa.DataType) -> bool:

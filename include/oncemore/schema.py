@@ -79,16 +79,29 @@ def parse_schema(ddl: str) -> pa.Schema:
         if not match:
             raise SchemaError(f"cannot read column definition {part.strip()!r}")
         name, type_text, not_null = match.group(1).strip("`"), match.group(2).strip(), match.group(3)
-        if name.startswith("_kafka_"):
-            raise SchemaError(f"column {name!r}: the _kafka_ prefix is reserved for record metadata")
+        check_column_name(name)
         fields.append(pa.field(name, _parse_type(name, type_text), nullable=not not_null))
     if not fields:
         raise SchemaError("declares no columns")
-    names = [f.name for f in fields]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    names = [f.name.lower() for f in fields]
+    duplicates = sorted({f.name for f in fields if names.count(f.name.lower()) > 1})
     if duplicates:
-        raise SchemaError(f"duplicate column {duplicates[0]!r}")
+        raise SchemaError(f"duplicate column {duplicates[0]!r} (Delta column names ignore case)")
     return pa.schema(fields)
+
+
+# Characters Delta tables without column mapping cannot hold in a column name (Spark refuses to
+# read or write such a table), though Arrow and Parquet take them.
+_INVALID_NAME_CHARACTERS = " ,;{}()\n\t="
+
+
+def check_column_name(name: str) -> None:
+    if name.lower().startswith("_kafka_"):
+        raise SchemaError(f"column {name!r}: the _kafka_ prefix is reserved for record metadata")
+    bad = sorted({c for c in name if c in _INVALID_NAME_CHARACTERS})
+    if bad or not name:
+        raise SchemaError(f"column {name!r}: a Delta table without column mapping cannot hold a column name "
+                          f"{'with ' + ' '.join(repr(c) for c in bad) if bad else 'that is empty'}")
 
 
 def _split_columns(ddl: str) -> list[str]:
