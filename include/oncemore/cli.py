@@ -8,14 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from pathlib import Path
 
 from .config import (
     ConfigError, OffsetBound, Pipeline, json_schema, load_pipeline, resolve_config_path, with_kafka_overrides,
 )
-from .errors import OncemoreError
+from .errors import OncemoreError, root_cause
 from .kafka import CLIENT_LOG, KafkaReadError, KafkaSourceError
 from .planner import Plan, describe, plan_run
 from .report import format_status, status
@@ -40,17 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # Spark and Kafka failures arrive wrapped; name the root cause
         print(f"oncemore: error: {root_cause(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def root_cause(exc: BaseException) -> str:
-    """One line for an exception, digging the Python error out of a Spark task failure."""
-    text = str(exc)
-    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Conflict)): (.+)$", text, re.M)
-    if found:
-        name, message = found[-1]
-        return f"{name}: {message.strip()}"
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(exc).__name__}: {first}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--to", required=True,
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}' "
                             "(unnamed partitions keep their position)")
+    reset.add_argument("--take-over", action="store_true",
+                       help="take the topic over in a table where another pipeline ingests it (that pipeline's "
+                            "runs are refused from then on)")
     add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables", _maintain)
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
     schema.set_defaults(handler=_schema)
@@ -148,7 +139,7 @@ def _reset(pipeline: Pipeline, args) -> int:
         to = OffsetBound.parse(args.to)
     except ValueError as exc:
         raise ValueError(f"--to {exc}") from None
-    done = reset(pipeline, to)
+    done = reset(pipeline, to, take_over=args.take_over)
     print(f"{pipeline.name}: positions of topic {done['topic']} reset from {json.dumps(done['from'])} "
           f"to {json.dumps(done['to'])} (versions: {json.dumps(done['versions'])})")
     return 0

@@ -7,6 +7,7 @@ away by oncemore itself.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -35,6 +36,10 @@ class PositionsMissing(PlanError):
     """The table holds data or oncemore commits but no positions for this pipeline and topic."""
 
 
+class TableOwned(PlanError):
+    """Another pipeline ingests the topic into the same table: a second one would duplicate every record."""
+
+
 class BoundStalled(PlanError):
     """A timestamp bound cannot move past a record stamped after it while older records wait behind it."""
 
@@ -47,9 +52,32 @@ class CommitConflict(OncemoreError):
     """Positions moved while a batch was being written, in a way no retry of this batch can fix."""
 
 
+class CommitNotFound(OncemoreError):
+    """A commit that delta-rs reported done is not in the log after it (never a reason to delete its files)."""
+
+
+class TaskFailed(OncemoreError):
+    """A Spark task of a run failed (or its Python worker died); names the ranges it was reading."""
+
+
 class InvalidDataFile(OncemoreError):
     """A written file is not what the commit may reference (missing, wrong schema, offsets outside its range)."""
 
 
 class UnsupportedTable(OncemoreError):
     """An existing table asks writers for work oncemore does not do (constraints, features)."""
+
+
+def root_cause(exc: BaseException) -> str:
+    """One line for an exception, digging the cause out of a Spark job failure: the Python error
+    a task raised, else the failure Spark reports for the lost task (a Python worker that died)."""
+    text = str(exc)
+    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Conflict)): (.+)$", text, re.M)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    lost = re.search(r"Lost task [^\n]*?\): (?:[\w.]+\.)?(\w+): ([^\n]+?)(?:\. Consider [^\n]*)?$", text, re.M)
+    if lost:
+        return f"{lost.group(1)}: {lost.group(2).strip()}"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Callable
 from . import kafka
 from .committer import CommitOutcome, commit, covered_prefix, delete_files, ensure_tables, validate_files
 from .config import OffsetBound, Pipeline
-from .errors import CommitConflict, StalePlan, TopicChanged
+from .errors import CommitConflict, StalePlan, TaskFailed, TopicChanged, root_cause
 from .group_mirror import mirror_positions
 from .kafka import consumer_config
 from .ledger import CommitRecord, Ledger
@@ -112,8 +113,12 @@ class _Run:
             left = batch.remaining(positions, self.where)
             if not left:
                 return report
+            quarantine_before = self.quarantine.positions(left)
             self._ingest_part(batch, positions, left, partitions, report)
-            if self.main.positions(batch.expected_positions) == positions:
+            # A part that lost a race moves the other run's positions; one that moves nothing at all
+            # would go round forever.
+            if (self.main.positions(batch.expected_positions) == positions
+                    and self.quarantine.positions(left) == quarantine_before):
                 raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {positions}",
                                      positions=positions)
 
@@ -156,6 +161,16 @@ class _Run:
                                    {p: new_positions[p] for p in touched}, partitions, record)
             if outcome.version is not None:
                 report.quarantine_versions.append(outcome.version)
+            # The main commit moves positions over quarantined records too: only once the quarantine
+            # table holds its part of the range (ours, or another run's commit of the same records).
+            held = self.quarantine.positions(touched)
+            short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
+            if short:
+                log.warning("%s: the quarantine table holds %s, not the ends %s this part reached; its main "
+                            "commit waits, the batch goes round from the positions as they are", self.where,
+                            short, {p: new_positions[p] for p in short})
+                delete_files(self.main.table_uri, main_files, self.main.storage_options)  # never offered to a commit
+                return
         outcome = self._commit(self.main, main_files, {p: positions[p] for p in left}, new_positions, partitions, record)
         if outcome.status == "committed":
             report.status = "committed"
@@ -224,7 +239,21 @@ class _Run:
             reader = reader.option(f"kafka.{key}", value)
         for key, value in pipeline.sink.storage_options.items():
             reader = reader.option(f"storage.{key}", value)
-        return [task_result(row.asDict()) for row in reader.load().collect()]
+        try:
+            rows = reader.load().collect()
+        except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
+            raise task_failure(exc, pipeline.name, pipeline.source.topic, groups) from exc
+        return [task_result(row.asDict()) for row in rows]
+
+
+def task_failure(exc: BaseException, pipeline: str, topic: str, groups: list[list]) -> TaskFailed:
+    """A failed Spark job as one line naming the ranges of the task that failed (Spark names its
+    index, which is the group's: one input partition per group), else of every task."""
+    found = re.search(r"Task (\d+) in stage [\d.]+ failed", str(exc))
+    failed = [groups[int(found.group(1))]] if found and int(found.group(1)) < len(groups) else groups
+    ranges = ", ".join(f"{topic}/{t.partition} [{t.start}, {t.end})" for group in failed for t in group)
+    return TaskFailed(f"pipeline {pipeline}: the Spark task reading {ranges} failed: {root_cause(exc)}",
+                      ranges=[(t.partition, t.start, t.end) for group in failed for t in group])
 
 
 def check_plan(pipeline: Pipeline, plan: Plan) -> None:

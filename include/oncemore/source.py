@@ -24,6 +24,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from . import faults
 from .kafka import range_consumer
 from .records import RangeRecords
 from .schema import KAFKA_RECORD_SCHEMA
@@ -142,6 +143,7 @@ class KafkaIngestReader(_RangeReader):
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
+        faults.reach("task")
         with range_consumer(self.kafka_config) as consumer:
             for partition, start, end in task.ranges:
                 records = self.records(consumer, task.topic, partition, start, end, self.max_bytes)
