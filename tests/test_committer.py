@@ -11,13 +11,15 @@ import pytest
 from deltalake import DeltaTable, TableFeatures
 
 from oncemore import runner
-from oncemore.committer import already_committed, covered_prefix, validate_files
+from deltalake.exceptions import CommitFailedError
+
+from oncemore.committer import already_committed, commit, commit_positions, covered_prefix, ensure_table, validate_files
 from oncemore.errors import CommitConflict, InvalidDataFile, UnsupportedTable
-from oncemore.ledger import Ledger
+from oncemore.ledger import CommitRecord, Ledger
 from oncemore.schema import QUARANTINE_SCHEMA
 from oncemore.writer import TableWriter, TaskResult
 
-from conftest import orders
+from conftest import orders, read_pairs
 
 
 def test_positions_at_the_batch_start_commit_past_its_end_are_done_anything_else_conflicts():
@@ -92,3 +94,70 @@ def test_a_table_asking_writers_for_what_oncemore_does_not_do_is_refused_before_
 
     assert DeltaTable(pipeline.sink.table_uri).version() == version
     assert not list(Path(pipeline.sink.table_uri).glob("*.parquet")), "nothing was written"
+
+
+def race_table(tmp_path) -> Ledger:
+    ensure_table(str(tmp_path / "t"), QUARANTINE_SCHEMA, (), "t", "commit lookups")
+    return Ledger(str(tmp_path / "t"), "p", "orders")
+
+
+def test_our_commit_is_found_past_twenty_foreign_commits_and_its_files_kept(tmp_path, monkeypatch):
+    ledger = race_table(tmp_path)
+    files = written(tmp_path / "t", [0, 1, 2])
+    real = DeltaTable.create_write_transaction
+    foreign = Ledger(ledger.table_uri, "other", "other-topic")
+
+    def then_foreign_commits(table, *args, **kwargs):
+        real(table, *args, **kwargs)
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", real)
+        for n in range(25):  # other writers land before our lookup
+            commit_positions(foreign, {0: n + 1}, CommitRecord(pipeline="other", run_id=f"other-{n}", topic="other-topic"))
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", then_foreign_commits)
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}}, topic="orders")
+
+    outcome = commit(ledger, files, {1: None}, {1: 3}, [1], record)
+
+    assert (outcome.status, outcome.version) == ("committed", 1)
+    assert DeltaTable(ledger.table_uri).version() == 26
+    assert all((tmp_path / "t" / f.path).exists() for f in files), "committed files are never deleted"
+    assert read_pairs(ledger.table_uri) == [(1, 0), (1, 1), (1, 2)]
+
+
+def test_a_commit_that_landed_before_delta_rs_retried_it_is_ours_not_a_lost_race(tmp_path, monkeypatch):
+    ledger = race_table(tmp_path)
+    files = written(tmp_path / "t", [0, 1, 2])
+    real = DeltaTable.create_write_transaction
+
+    def landed_then_conflicted(table, *args, **kwargs):
+        # The first attempt landed, its response was lost, and delta-rs's own retry conflicted with it.
+        real(table, *args, **kwargs)
+        raise CommitFailedError("Transaction failed: Concurrent transaction failed.")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", landed_then_conflicted)
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}}, topic="orders")
+
+    outcome = commit(ledger, files, {1: None}, {1: 3}, [1], record)
+
+    assert (outcome.status, outcome.version) == ("committed", 1)
+    assert ledger.positions([1]) == {1: 3}
+
+
+def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, topic, make_pipeline, spark, monkeypatch):
+    produced = broker.produce(topic, orders(0, 60))
+    pipeline = make_pipeline(topic, commit_consumer_group=True)
+    real = DeltaTable.create_write_transaction
+
+    def landed_then_conflicted(table, *args, **kwargs):
+        real(table, *args, **kwargs)
+        raise CommitFailedError("Transaction failed: Concurrent transaction failed.")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", landed_then_conflicted)
+    mirrored = []
+    monkeypatch.setattr(runner, "mirror_positions", lambda p, positions, version: mirrored.append((positions, version)))
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.status == "committed" and report.written == 60
+    assert mirrored == [({0: 20, 1: 20, 2: 20}, report.batches[0].versions[0])]
+    assert read_pairs(pipeline.sink.table_uri) == sorted(produced)

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from oncemore import devbroker, runner
 from oncemore.committer import commit_positions
 from oncemore.config import OffsetBound
-from oncemore.errors import PositionsMissing, StalePlan, TopicChanged
+from oncemore.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
 from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger
 from oncemore.planner import plan_run
 from oncemore.reset import reset
@@ -132,7 +132,7 @@ def test_a_renamed_pipeline_or_a_table_of_another_tool_is_refused(broker, topic,
     pipeline = make_pipeline(topic)
     runner.run(pipeline, spark_factory=lambda: spark)
     renamed = make_pipeline(topic, name="orders_v2", sink={"table_uri": pipeline.sink.table_uri})
-    with pytest.raises(PositionsMissing, match=rf"recent oncemore commits here are by orders/{topic}"):
+    with pytest.raises(TableOwned, match=rf"topic {topic} is ingested into .* by pipeline orders; .* --take-over"):
         runner.run(renamed, spark_factory=no_spark)
 
     import pyarrow as pa
@@ -219,3 +219,71 @@ def test_a_stale_or_foreign_plan_is_refused_before_anything_is_read(broker, topi
     other_table = make_pipeline(topic, name="orders", sink={"table_uri": "/tmp/elsewhere"})
     with pytest.raises(StalePlan, match="the plan is for table"):
         runner.run(other_table, plan=plan, spark_factory=no_spark)
+
+
+def test_a_recreated_topic_is_caught_when_the_pipelines_last_commit_is_far_back(broker, topic, make_pipeline, spark):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # A busy shared table: the pipeline's last commit ends up behind more than 100 others.
+    neighbour = Ledger(pipeline.sink.table_uri, "neighbour", "elsewhere")
+    for n in range(105):
+        commit_positions(neighbour, {0: n + 1}, CommitRecord(pipeline="neighbour", run_id=f"n-{n}", topic="elsewhere"))
+    broker.delete_topic(topic)
+    time.sleep(0.5)
+    broker.create_topic(topic, 3)
+    broker.produce(topic, orders(0, 300))  # more records than the positions: they fit the new log
+
+    with pytest.raises(TopicChanged, match=rf"pipeline orders: topic {topic}: the topic was deleted and recreated"):
+        runner.run(pipeline, spark_factory=no_spark)
+
+
+def test_a_partial_reset_keeps_the_quarantine_floor_of_unnamed_partitions(broker, topic, make_pipeline, spark, monkeypatch):
+    records = orders(0, 90)
+    records[4] = (records[4][0], records[4][1], b"{broken", None)  # partition 1, offset 1
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic)
+    real_commit = runner.commit
+
+    def crash_on_main(ledger, *args, **kwargs):
+        if ledger.table_uri == pipeline.sink.table_uri:
+            raise SystemExit("injected crash after the quarantine commit")
+        return real_commit(ledger, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "commit", crash_on_main)
+    with pytest.raises(SystemExit):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    monkeypatch.undo()
+    quarantine = Ledger(pipeline.sink.quarantine_uri, "orders", topic)
+    assert quarantine.positions([1]) == {1: 30}
+
+    reset(pipeline, OffsetBound.parse('{"0": 0}'))  # names partition 0 only
+
+    assert quarantine.positions([0, 1, 2]) == {0: 0, 1: 30, 2: None}
+    runner.run(pipeline, spark_factory=lambda: spark)
+    main_pairs, quarantine_pairs = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    assert quarantine_pairs == [(1, 1)]
+    assert_exactly_once(main_pairs + quarantine_pairs, produced)
+
+
+def test_a_second_pipeline_on_a_table_is_refused_even_after_a_reset_unless_it_takes_over(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, orders(0, 60))
+    first = make_pipeline(topic)
+    runner.run(first, spark_factory=lambda: spark)
+    second = make_pipeline(topic, name="second", sink={"table_uri": first.sink.table_uri,
+                                                       "quarantine_uri": first.sink.quarantine_uri})
+
+    with pytest.raises(TableOwned, match=rf"ingested into .* by pipeline orders"):
+        runner.run(second, spark_factory=no_spark)
+    with pytest.raises(TableOwned, match=r"--take-over"):  # the advice of old led to duplicates
+        reset(second, OffsetBound("latest"))
+    more = broker.produce(topic, orders(60, 30))
+    runner.run(first, spark_factory=lambda: spark)
+    assert_exactly_once(read_pairs(first.sink.table_uri), produced + more)
+
+    reset(second, OffsetBound("latest"), take_over=True)  # a deliberate hand-over
+    with pytest.raises(TableOwned, match=rf"ingested into .* by pipeline second"):
+        runner.run(first, spark_factory=no_spark)
+    last = broker.produce(topic, orders(90, 30))
+    runner.run(second, spark_factory=lambda: spark)
+    assert_exactly_once(read_pairs(first.sink.table_uri), produced + more + last)

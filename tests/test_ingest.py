@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,8 +19,9 @@ import pytest
 from deltalake import DeltaTable
 
 from oncemore import runner
+from oncemore.config import OffsetBound
 from oncemore.kafka import admin_client, log_bounds
-from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger, app_id
+from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger, app_id, fingerprint
 
 from conftest import assert_exactly_once, order, orders, read_pairs, query
 
@@ -73,7 +75,7 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     (version, batch), = oncemore_commits(pipeline.sink.table_uri)
     assert [version] == report.batches[0].versions
     assert batch.pipeline == "orders" and batch.run_id == "run-42" and batch.until == "latest"
-    assert batch.batch_seq == 0 and batch.format_version == 3 and batch.oncemore_version
+    assert batch.batch_seq == 0 and batch.format_version == 4 and batch.oncemore_version
     bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
     assert batch.ranges == {topic: {str(p): [0, bounds[p].latest] for p in (0, 1, 2)}}
     assert batch.records == {"written": 300, "quarantined": 0}
@@ -89,9 +91,14 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     assert batch.bytes_read == sum(len(str(i)) + len(order(i)) for i in range(300))
     # txn actions carry lastUpdated, so Delta's transaction retention applies to them as written.
     log_entry = (Path(pipeline.sink.table_uri) / "_delta_log" / f"{version:020d}.json").read_text()
-    txns = [json.loads(line)["txn"] for line in log_entry.splitlines() if '"txn"' in line]
-    assert sorted(t["appId"] for t in txns) == [app_id("orders", topic, p) for p in (0, 1, 2)]
-    assert all(t["lastUpdated"] > 1_700_000_000_000 for t in txns)
+    txns = {json.loads(line)["txn"]["appId"]: json.loads(line)["txn"] for line in log_entry.splitlines() if '"txn"' in line}
+    assert sorted(txns) == sorted([app_id("orders", topic, p) for p in (0, 1, 2)] + [
+        f"oncemore/orders/{topic}/@topic_id", f"oncemore/orders/{topic}/@cluster_id", f"oncemore/@owner/{topic}"])
+    assert all(t["lastUpdated"] > 1_700_000_000_000 for t in txns.values())
+    # Beside the positions, what they refer to and whose they are: fingerprints of the IDs and of the pipeline.
+    assert txns[f"oncemore/orders/{topic}/@topic_id"]["version"] == fingerprint(batch.topic_id)
+    assert txns[f"oncemore/orders/{topic}/@cluster_id"]["version"] == fingerprint(batch.cluster_id)
+    assert txns[f"oncemore/@owner/{topic}"]["version"] == fingerprint("orders")
 
 
 def test_max_records_per_commit_splits_into_commits_each_with_its_positions(broker, topic, make_pipeline, spark):
@@ -362,7 +369,6 @@ def test_until_timestamp_ingests_records_before_it(broker, topic, make_pipeline,
     records = [(i % 3, None, order(i), base + (i // 30) * hour) for i in range(90)]  # 3 hours, 30 records each
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic)
-    from oncemore.config import OffsetBound
 
     report = runner.run(pipeline, until=OffsetBound(kind="timestamp", timestamp_ms=base + 2 * hour),
                         spark_factory=lambda: spark)
@@ -386,3 +392,96 @@ def test_concurrent_runs_of_consecutive_intervals_neither_fail_nor_duplicate(bro
         assert code == 0, err[-2000:]
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     assert DeltaTable(pipeline.sink.table_uri).transaction_version(app_id("orders", topic, 0)) == 1_000
+
+
+def test_quarantine_rows_are_kept_when_runs_to_different_ends_race(broker, topic, make_pipeline, spark, monkeypatch):
+    # Every third value malformed, so both runs' ranges hold quarantine rows in every partition.
+    records = [(p, k, b"{broken" if (i // 3) % 3 == 0 else v, t) for i, (p, k, v, t) in enumerate(orders(0, 300))]
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic)
+    real_commit = runner.commit
+    b_arrived, a_quarantine_done, b_second_done = (threading.Event() for _ in range(3))
+    calls = {"run-a": 0, "run-b": 0}
+
+    def scheduled(ledger, files, expected, new_positions, partitions, record):
+        # A (to 40) commits its quarantine part while B (to 80) holds files read from the same start;
+        # B's next commit follows, and A's main commit comes only after that.
+        n = calls[record.run_id]
+        calls[record.run_id] += 1
+        if record.run_id == "run-b" and n == 0:
+            b_arrived.set()
+            assert a_quarantine_done.wait(300)
+        if record.run_id == "run-a" and n == 0:
+            assert b_arrived.wait(300)
+        if record.run_id == "run-a" and ledger.table_uri == pipeline.sink.table_uri:
+            assert b_second_done.wait(300)
+        try:
+            return real_commit(ledger, files, expected, new_positions, partitions, record)
+        finally:
+            if record.run_id == "run-a" and n == 0:
+                a_quarantine_done.set()
+            if record.run_id == "run-b" and n == 1:
+                b_second_done.set()
+
+    monkeypatch.setattr(runner, "commit", scheduled)
+    results = {}
+
+    def run(run_id, end):
+        until = OffsetBound.parse(json.dumps({str(p): end for p in range(3)}))
+        try:
+            results[run_id] = runner.run(pipeline, until=until, run_id=run_id, spark_factory=lambda: spark)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results[run_id] = exc
+
+    threads = [threading.Thread(target=run, args=args) for args in (("run-a", 40), ("run-b", 80))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert all(isinstance(r, runner.RunReport) for r in results.values()), results
+    main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    expected = [pair for pair in produced if pair[1] < 80]
+    assert_exactly_once(main + quarantined, expected)
+    assert calls["run-b"] > 2, "B's quarantine commit lost the race and B went round, as intended"
+    bad = {pair for pair, record in zip(_delivery_order(produced, records), records) if record[2] == b"{broken"}
+    assert set(quarantined) == {pair for pair in bad if pair[1] < 80}
+    held = Ledger(pipeline.sink.table_uri, "orders", topic).positions([0, 1, 2])
+    assert held == Ledger(pipeline.sink.quarantine_uri, "orders", topic).positions([0, 1, 2]) == {0: 80, 1: 80, 2: 80}
+
+
+def test_json_null_and_invalid_utf8_go_to_quarantine_and_the_run_goes_on(broker, topic, make_pipeline, spark):
+    # null opening partition 0's range, null after a malformed record (a bisected group) in
+    # partition 1, null beside a NOT NULL column; invalid UTF-8 as the largest string of a column.
+    values = {0: [b"null", order(1), b"[]", order(2)],
+              1: [order(3), b"{oops", b"null", order(4), b"true"],
+              2: [order(5), b'{"id": 6, "customer": "\xff\xfe"}', b'{"id": 7, "customer": "caf\xc3\xa9"}', b'"x"']}
+    records = [(p, None, v, None) for p, vs in values.items() for v in vs]
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT NOT NULL, customer STRING"})
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.written == 6 and report.quarantined == 7
+    main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    assert_exactly_once(main + quarantined, produced)
+    errors = dict(query(pipeline.sink.quarantine_uri, "SELECT _kafka_partition * 100 + _kafka_offset, error FROM {table}"))
+    assert errors[0] == errors[102] == "value is JSON null, not a JSON object"
+    assert errors[101].startswith("invalid JSON") and "not valid UTF-8" in errors[201]
+    assert query(pipeline.sink.table_uri, "SELECT min(customer), max(customer) FROM {table}") == [("café", "customer-5")]
+    assert runner.run(pipeline, spark_factory=no_spark).status == "no-op"
+
+
+def test_a_crashed_python_worker_fails_the_run_naming_topic_partitions_and_offsets(broker, topic, make_pipeline):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
+           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": "task"}
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"oncemore: error: pipeline orders: the Spark task reading {topic}/0 [0, 10), "
+                           f"{topic}/1 [0, 10), {topic}/2 [0, 10) failed: "), last
+    assert "Python worker exited unexpectedly" in last
+    assert read_pairs(pipeline.sink.table_uri) == []

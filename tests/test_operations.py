@@ -168,9 +168,58 @@ def test_the_overview_matches_the_ledger(broker, topic, make_pipeline, spark):
 
     run(pipeline, spark_factory=spark_factory(spark))
     (sample,) = pipeline_overview(pipeline, detail=True)["quarantine_sample"]
-    assert sample["value_head"] == "\\x00\\x01 not json" and sample["error"].startswith("invalid JSON")
+    assert sample["value_head"] == "\\x00\\x01 not json" and sample["error"] == "value is not JSON, not a JSON object"
 
 
 def first_offsets(count: int) -> OffsetBound:
     """A bound ending each of the three partitions after its first ``count`` offsets."""
     return OffsetBound.parse(json.dumps({str(p): count for p in (0, 1, 2)}))
+
+
+class SnapshotReads:
+    """Counts snapshot loads of existing tables (constructions) and commit entries read from history."""
+
+    def __init__(self, monkeypatch):
+        self.loads = self.commits_read = 0
+        init, history = DeltaTable.__init__, DeltaTable.history
+
+        def counted_init(table, *args, **kwargs):
+            init(table, *args, **kwargs)
+            self.loads += 1
+
+        def counted_history(table, *args, **kwargs):
+            entries = history(table, *args, **kwargs)
+            self.commits_read += len(entries)
+            return entries
+
+        monkeypatch.setattr(DeltaTable, "__init__", counted_init)
+        monkeypatch.setattr(DeltaTable, "history", counted_history)
+
+
+@pytest.mark.spark
+def test_a_snapshot_is_loaded_once_per_table_and_the_page_reads_only_new_commits(broker, make_pipeline, spark, monkeypatch):
+    reads = SnapshotReads(monkeypatch)
+    loads = {}
+    for batches in (1, 4):
+        topic = f"snapshots_{batches}"
+        broker.create_topic(topic, 3)
+        broker.produce(topic, orders(0, 1_200))
+        pipeline = make_pipeline(topic, name=f"snapshots_{batches}", limits={"max_records_per_commit": 1_200 // batches})
+        run(pipeline, spark_factory=spark_factory(spark))  # creates the tables
+        broker.produce(topic, orders(1_200, 1_200))
+        reads.loads = 0
+        report = run(pipeline, spark_factory=spark_factory(spark))
+        assert len(report.batches) == batches
+        loads[batches] = reads.loads
+    # Planning, the table check and the run's two ledgers: never a load per batch or per question.
+    assert loads[4] == loads[1] <= 5, loads
+
+    pipeline_overview(pipeline, detail=True)
+    reads.loads = reads.commits_read = 0
+    pipeline_overview(pipeline, detail=True)
+    assert (reads.loads, reads.commits_read) == (0, 0)
+    broker.produce(pipeline.source.topic, orders(2_400, 30))
+    run(pipeline, spark_factory=spark_factory(spark))
+    reads.loads = reads.commits_read = 0
+    pipeline_overview(pipeline, detail=True)
+    assert (reads.loads, reads.commits_read) == (0, 1), "the page reads the one new commit"

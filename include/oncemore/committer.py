@@ -21,8 +21,8 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from .config import Pipeline
-from .errors import CommitConflict, InvalidDataFile, UnsupportedTable
-from .ledger import METADATA_KEY, CommitRecord, Ledger, open_table
+from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned, UnsupportedTable
+from .ledger import METADATA_KEY, CommitRecord, Ledger, fingerprint, open_table
 from .schema import QUARANTINE_SCHEMA
 from .storage import filesystem, table_location
 from .writer import DataFile, TaskResult
@@ -160,19 +160,22 @@ def commit(
     record: CommitRecord,
 ) -> CommitOutcome:
     """One Delta commit: ``files`` plus txn actions moving ``expected`` to ``new_positions`` (and
-    re-stating the held positions of the other ``partitions``).
+    re-stating the held positions of the other ``partitions``, the topic's identity and owner).
 
     Returns already_committed (and commits nothing) when the table's positions already reach
     ``new_positions``: a retry, rerun or concurrent duplicate got there first. Raises
-    CommitConflict when they are neither where this commit starts nor where it ends.
+    CommitConflict when they are neither where this commit starts nor where it ends, and
+    TableOwned when another pipeline ingests the topic into this table.
     """
-    table = DeltaTable(table_location(ledger.table_uri), storage_options=ledger.storage_options)
+    table = ledger.snapshot()
+    check_owner_at_commit(ledger, table)
     if already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions):
         return CommitOutcome("already_committed", None)
+    read_version = table.version()
     now_ms = int(time.time() * 1000)
     actions = [AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files]
     properties = CommitProperties(
-        app_transactions=ledger.transactions(new_positions, partitions, table),
+        app_transactions=ledger.transactions(new_positions, partitions, table, record),
         custom_metadata={METADATA_KEY: record.to_json()},
     )
     try:
@@ -181,8 +184,13 @@ def commit(
             partition_by=list(table.metadata().partition_columns) or None, commit_properties=properties,
         )
     except CommitFailedError as exc:
-        # A concurrent commit touched the same positions. If it covered this range, we are done.
-        current = ledger.positions(new_positions)
+        latest = ledger.snapshot()
+        # delta-rs retries a commit whose response was lost; the retry then conflicts with its own
+        # first attempt, which did land. Ours, whatever the error says.
+        mine = ledger.find_commit(record, read_version, latest)
+        if mine is not None:
+            return CommitOutcome("committed", mine)
+        current = ledger.positions(new_positions, latest)
         if _reached(current, new_positions):
             return CommitOutcome("lost_race", None)
         raise CommitConflict(
@@ -190,30 +198,45 @@ def commit(
             f"({_moves(ledger.topic, expected, current, new_positions)}); nothing was committed: {exc}",
             table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
         ) from exc
-    return CommitOutcome("committed", _version_of(table, record))
+    return CommitOutcome("committed", _version_of(ledger, record, read_version))
 
 
-def commit_positions(ledger: Ledger, positions: Mapping[int, int], record: CommitRecord) -> int:
+def commit_positions(ledger: Ledger, positions: Mapping[int, int], record: CommitRecord, take_over: bool = False) -> int:
     """A commit of no files that sets ``positions`` (a deliberate reset); returns its version.
-    A concurrent commit of the pipeline makes it fail (CommitFailedError): run it again."""
-    table = DeltaTable(table_location(ledger.table_uri), storage_options=ledger.storage_options)
-    properties = CommitProperties(app_transactions=ledger.transactions(positions, positions, table),
+    A concurrent commit of the pipeline makes it fail (CommitFailedError): run it again.
+    ``take_over`` lets it make this pipeline the owner of a topic another pipeline ingested."""
+    table = ledger.snapshot()
+    if not take_over:
+        check_owner_at_commit(ledger, table)
+    read_version = table.version()
+    properties = CommitProperties(app_transactions=ledger.transactions(positions, positions, table, record),
                                   custom_metadata={METADATA_KEY: record.to_json()})
     table.create_write_transaction([], mode="append", schema=table.schema(),
                                    partition_by=list(table.metadata().partition_columns) or None,
                                    commit_properties=properties)
-    return _version_of(table, record)
+    return _version_of(ledger, record, read_version)
 
 
-def _version_of(table: DeltaTable, record: CommitRecord) -> int:
-    """The version our commit got: found by its record among the newest commits, so a commit
-    landing right after ours cannot be mistaken for it."""
-    table.update_incremental()
-    mine = record.to_json()
-    for entry in table.history(20):
-        if entry.get(METADATA_KEY) == mine:
-            return entry["version"]
-    raise CommitConflict(f"{table.table_uri()}: our commit is not among the newest 20 commits")
+def check_owner_at_commit(ledger: Ledger, table: DeltaTable) -> None:
+    """The owner re-checked in the snapshot a commit builds on (planning checked it too, with
+    the owner's name; here a hand-over raced the run)."""
+    owner = ledger.claims(table).owner
+    if owner is not None and owner != fingerprint(ledger.pipeline):
+        raise TableOwned(
+            f"{ledger.table_uri}: topic {ledger.topic} was handed over to another pipeline while pipeline "
+            f"{ledger.pipeline} was running; nothing was committed", table_uri=ledger.table_uri, topic=ledger.topic,
+        )
+
+
+def _version_of(ledger: Ledger, record: CommitRecord, read_version: int) -> int:
+    """The version our commit got: found by its record among all versions after the one it was
+    built on, so commits landing around ours cannot be mistaken for it."""
+    version = ledger.find_commit(record, read_version, ledger.snapshot())
+    if version is None:
+        # Never a CommitConflict: the caller would take the files for uncommitted and delete them.
+        raise CommitNotFound(f"{ledger.table_uri}: our commit (run {record.run_id}, batch {record.batch_seq}) is not "
+                             f"among the versions after {read_version}", table_uri=ledger.table_uri)
+    return version
 
 
 def _reached(current: Mapping[int, int | None], target: Mapping[int, int]) -> bool:

@@ -369,6 +369,11 @@ def pipelines_dir() -> Path:
     return Path(os.environ.get(PIPELINES_DIR_ENV) or DEFAULT_PIPELINES_DIR)
 
 
+def known_pipeline_names() -> list[str]:
+    """The names of the pipeline files in the pipelines directory (not loaded)."""
+    return sorted(p.stem for p in pipelines_dir().glob("*.y*ml"))
+
+
 def resolve_config_path(name: str) -> Path:
     """The YAML file of pipeline ``name`` in the pipelines directory."""
     directory = pipelines_dir()
@@ -376,8 +381,7 @@ def resolve_config_path(name: str) -> Path:
         candidate = directory / f"{name}{suffix}"
         if candidate.is_file():
             return candidate
-    known = sorted(p.stem for p in directory.glob("*.y*ml"))
-    raise ConfigError(str(directory), "", f"no pipeline named {name!r} (known: {', '.join(known) or 'none'})")
+    raise ConfigError(str(directory), "", f"no pipeline named {name!r} (known: {', '.join(known_pipeline_names()) or 'none'})")
 
 
 def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) -> Pipeline:

@@ -9,6 +9,7 @@ the cost does not grow with the table's age.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .config import Pipeline, format_timestamp_ms
-from .ledger import CommitEntry, Ledger, open_table
+from .ledger import CommitEntry, Ledger
 from .report import status
 from .storage import filesystem
 
@@ -28,13 +29,34 @@ VALUE_HEAD_BYTES = 80
 _HOUR_MS = 3_600_000
 
 
+# The page's ledgers live as long as the process (the API server): a view only brings their
+# snapshots up to date and reads the commits that landed since the last view. One view of a
+# pipeline at a time uses them.
+_LEDGERS: dict[tuple, tuple[Ledger, Ledger, threading.Lock]] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledgers(pipeline: Pipeline) -> tuple[Ledger, Ledger, threading.Lock]:
+    sink, topic = pipeline.sink, pipeline.source.topic
+    key = (pipeline.name, topic, sink.table_uri, sink.quarantine_uri, tuple(sorted(sink.storage_options.items())))
+    with _LEDGERS_LOCK:
+        if key not in _LEDGERS:
+            _LEDGERS[key] = (Ledger(sink.table_uri, pipeline.name, topic, sink.storage_options),
+                             Ledger(sink.quarantine_uri, pipeline.name, topic, sink.storage_options), threading.Lock())
+        return _LEDGERS[key]
+
+
 def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any]:
     """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
     page plots and a sample of quarantined records."""
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
-    table = ledger.table()  # one snapshot load for the history and the status
-    history = ledger.recent_batches(HISTORY_COMMITS, table)
-    data = status(pipeline, history, table)
+    main, quarantine, lock = _ledgers(pipeline)
+    with lock:
+        return _overview(pipeline, main, quarantine, detail)
+
+
+def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool) -> dict[str, Any]:
+    history = main.recent_batches(HISTORY_COMMITS)
+    data = status(pipeline, history, main, quarantine)
     data["last_commit"] = _batch(history[0]) if history else None
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
@@ -43,7 +65,7 @@ def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any
         data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
                                      "lag": sum(e.record.lag().values())}
                                     for e in reversed(history) if e.record.log_end]
-        data["quarantine_sample"] = quarantine_sample(pipeline)
+        data["quarantine_sample"] = quarantine_sample(pipeline, quarantine)
     return data
 
 
@@ -62,10 +84,10 @@ def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
             for h in range(min(written), max(written) + 1)]
 
 
-def quarantine_sample(pipeline: Pipeline, limit: int = QUARANTINE_SAMPLE) -> list[dict[str, Any]]:
+def quarantine_sample(pipeline: Pipeline, quarantine: Ledger, limit: int = QUARANTINE_SAMPLE) -> list[dict[str, Any]]:
     """The newest quarantined records (by offset, from the newest files): partition, offset, the
     error and the first bytes of the value."""
-    table = open_table(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
+    table = quarantine.snapshot()
     if table is None:
         return []
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()  # arro3 -> pyarrow

@@ -17,10 +17,10 @@ from confluent_kafka.admin import AdminClient
 
 from . import bounds as bounds_
 from . import kafka
-from .config import Limits, OffsetBound, Pipeline
-from .errors import DataLoss, PlanError, PositionsMissing, StalePlan, TopicChanged
+from .config import Limits, OffsetBound, Pipeline, known_pipeline_names
+from .errors import DataLoss, PlanError, PositionsMissing, StalePlan, TableOwned, TopicChanged
 from .kafka import PartitionBounds, TopicIdentity
-from .ledger import Gap, Ledger
+from .ledger import NO_ID, RECENT_HISTORY, Gap, Ledger, fingerprint
 
 LATEST = OffsetBound(kind="latest")
 # Share of a byte budget planned from record sizes already seen: sizes vary, a cut task wastes work.
@@ -307,12 +307,14 @@ def check_continuity(
     log: Mapping[int, PartitionBounds],
 ) -> None:
     """Refuses to plan when the table's positions cannot be trusted to continue on this topic:
-    positions missing from a table that holds data or commits, another cluster, a recreated
-    topic (new topic ID), or a position beyond the log end. Nothing has been read yet."""
+    the topic ingested there by another pipeline, positions missing from a table that holds data
+    or commits, another cluster, a recreated topic (new topic ID), or a position beyond the log
+    end. Nothing has been read yet."""
     topic = pipeline.source.topic
     where = f"pipeline {pipeline.name}: topic {topic}"
     if table is None:
         return
+    check_owner(pipeline, ledger, table)
     if all(v is None for v in positions.values()):
         version = table.version()
         # Data, or an oncemore commit: a table only created or altered (constraints, properties) is new.
@@ -326,27 +328,7 @@ def check_continuity(
                 pipeline=pipeline.name, topic=topic, table_uri=pipeline.sink.table_uri, version=version,
             )
         return
-    last = ledger.last_commit(table)
-    if last is not None:
-        before = last.record
-        if before.cluster_id and identity.cluster_id and before.cluster_id != identity.cluster_id:
-            raise TopicChanged(
-                f"{where}: the positions were committed (version {last.version}) reading cluster "
-                f"{before.cluster_id}, the broker at {pipeline.source.bootstrap_servers} is cluster "
-                f"{identity.cluster_id}: offsets of another cluster mean nothing here. Point the pipeline "
-                f"back, or start over deliberately with `oncemore reset {pipeline.name} --to ...`.",
-                pipeline=pipeline.name, topic=topic, committed_cluster_id=before.cluster_id,
-                cluster_id=identity.cluster_id, version=last.version,
-            )
-        if before.topic_id and identity.topic_id and before.topic_id != identity.topic_id:
-            raise TopicChanged(
-                f"{where}: the topic was deleted and recreated: positions {_positions_text(positions)} were "
-                f"committed (version {last.version}) for topic ID {before.topic_id}, the topic now has ID "
-                f"{identity.topic_id}. Its offsets start over, so nothing is read; to ingest the new topic, "
-                f"`oncemore reset {pipeline.name} --to earliest` (or latest, a timestamp, offsets).",
-                pipeline=pipeline.name, topic=topic, committed_topic_id=before.topic_id,
-                topic_id=identity.topic_id, positions=dict(positions), version=last.version,
-            )
+    check_identity(pipeline, ledger, table, identity, positions)
     for partition, position in sorted(positions.items()):
         if position is not None and position > log[partition].latest:
             raise TopicChanged(
@@ -356,6 +338,77 @@ def check_continuity(
                 pipeline=pipeline.name, topic=topic, partition=partition, position=position,
                 log_end=log[partition].latest,
             )
+
+
+def check_identity(pipeline: Pipeline, ledger: Ledger, table, identity: TopicIdentity,
+                   positions: Mapping[int, int | None]) -> None:
+    """The positions refer to the topic and cluster the broker reports now. The snapshot holds
+    their fingerprints beside the positions; a table whose commits predate them (format < 4) is
+    checked against its newest commit record, searched through the whole log once (the next
+    commit records the fingerprints)."""
+    topic, claims = pipeline.source.topic, ledger.claims(table)
+    where = f"pipeline {pipeline.name}: topic {topic}"
+    if claims.topic_id is not None or claims.cluster_id is not None:
+        cluster_changed = bool(identity.cluster_id) and claims.cluster_id not in (None, NO_ID, fingerprint(identity.cluster_id))
+        topic_changed = bool(identity.topic_id) and claims.topic_id not in (None, NO_ID, fingerprint(identity.topic_id))
+        if not (cluster_changed or topic_changed):
+            return
+        last = ledger.last_commit(table)  # only to name the IDs in the error, when still in recent history
+        committed = last.record if last is not None else None
+    else:
+        last = ledger.last_commit(table, limit=None)
+        committed = last.record if last is not None else None
+        cluster_changed = bool(committed and committed.cluster_id and identity.cluster_id
+                               and committed.cluster_id != identity.cluster_id)
+        topic_changed = bool(committed and committed.topic_id and identity.topic_id and committed.topic_id != identity.topic_id)
+    version = f"version {last.version}" if last is not None else f"before version {table.version() + 1}"
+    if cluster_changed:
+        before = committed.cluster_id if committed and committed.cluster_id else "another cluster"
+        raise TopicChanged(
+            f"{where}: the positions were committed ({version}) reading cluster {before}, the broker at "
+            f"{pipeline.source.bootstrap_servers} is cluster {identity.cluster_id}: offsets of another cluster mean "
+            f"nothing here. Point the pipeline back, or start over deliberately with `oncemore reset {pipeline.name} --to ...`.",
+            pipeline=pipeline.name, topic=topic, committed_cluster_id=committed.cluster_id if committed else None,
+            cluster_id=identity.cluster_id,
+        )
+    if topic_changed:
+        before = committed.topic_id if committed and committed.topic_id else "another topic ID"
+        raise TopicChanged(
+            f"{where}: the topic was deleted and recreated: positions {_positions_text(positions)} were committed "
+            f"({version}) for topic ID {before}, the topic now has ID {identity.topic_id}. Its offsets start over, "
+            f"so nothing is read; to ingest the new topic, `oncemore reset {pipeline.name} --to earliest` (or "
+            "latest, a timestamp, offsets).",
+            pipeline=pipeline.name, topic=topic, committed_topic_id=committed.topic_id if committed else None,
+            topic_id=identity.topic_id, positions=dict(positions),
+        )
+
+
+def check_owner(pipeline: Pipeline, ledger: Ledger, table, take_over: bool = False) -> None:
+    """Refuses a pipeline's commits for a topic that another pipeline ingests into the same table:
+    both would plan the same ranges, duplicating every record. A deliberate hand-over (``oncemore
+    reset --take-over``) passes; its commit makes this pipeline the owner, and the other one's
+    runs are refused from then on."""
+    if take_over or table is None:
+        return
+    owner, mine = ledger.claims(table).owner, fingerprint(pipeline.name)
+    if owner == mine:
+        return
+    recent = ledger.recent_commits(RECENT_HISTORY, table)
+    if owner is None:  # commits before format 4 name no owner: their records still tell
+        others = [e for e in recent if e.record.topic == pipeline.source.topic and e.record.pipeline != pipeline.name]
+        if not others:
+            return
+        other = others[0].record.pipeline
+    else:
+        known = {fingerprint(name): name for name in [e.record.pipeline for e in recent] + known_pipeline_names()}
+        other = known.get(owner, "another pipeline (not among this table's recent commits or the configured pipelines)")
+    raise TableOwned(
+        f"pipeline {pipeline.name}: topic {pipeline.source.topic} is ingested into {pipeline.sink.table_uri} by "
+        f"pipeline {other}; a table belongs to one pipeline, and a second one would ingest every record again. "
+        f"Point {pipeline.name} at another table, or hand the topic over deliberately: `oncemore reset "
+        f"{pipeline.name} --to ... --take-over` ({other}'s runs are refused from then on).",
+        pipeline=pipeline.name, topic=pipeline.source.topic, table_uri=pipeline.sink.table_uri, owner=other,
+    )
 
 
 def _positions_text(positions: Mapping[int, int | None]) -> str:
@@ -382,7 +435,7 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     state = kafka.describe_topic(admin, pipeline)
     log = kafka.log_bounds(admin, pipeline, state.partitions)
     ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
-    table = ledger.table()
+    table = ledger.snapshot()
     positions = ledger.positions(state.partitions, table)
     check_continuity(pipeline, ledger, table, positions, state.identity, log)
     earliest = {p: b.earliest for p, b in log.items()}

@@ -26,20 +26,22 @@ class FreshnessAlert(OncemoreError):
     """A pipeline is further behind its topic than its ``alert`` limits allow."""
 
 
-def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, table=None) -> dict[str, Any]:
+def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main: Ledger | None = None,
+           quarantine: Ledger | None = None) -> dict[str, Any]:
     """Per partition: the committed position, the log's bounds (``log_end`` is the last stable
     offset), the lag in records, the lag in time (``lag_seconds``: the age of the first record not
     yet ingested) and the partition's last commit among ``recent`` (this pipeline's recent
-    batches, newest first; read from the table when not given). ``table``: the main table's
-    snapshot when the caller already loaded it."""
+    batches, newest first; read from the table when not given). ``main`` and ``quarantine``: the
+    tables' ledgers when the caller keeps them (their snapshots are then only updated)."""
     topic, options = pipeline.source.topic, pipeline.sink.storage_options
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_topic(admin, pipeline)
     bounds = kafka.log_bounds(admin, pipeline, state.partitions)
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
-    table = table if table is not None else main.table()
+    main = main or Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
+    quarantine = quarantine or Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
+    table = main.snapshot()
     positions = main.positions(state.partitions, table)
-    quarantine_positions = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options).positions(state.partitions)
+    quarantine_positions = quarantine.positions(state.partitions)
     if recent is None:
         recent = main.recent_batches(STATUS_HISTORY, table)
     last_commit: dict[int, CommitEntry] = {}

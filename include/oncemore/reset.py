@@ -16,16 +16,25 @@ from .committer import commit_positions, ensure_tables
 from .config import OffsetBound, Pipeline
 from .errors import PlanError
 from .ledger import CommitRecord, Ledger, Reset
+from .planner import check_owner
 
 
-def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None) -> dict[str, Any]:
-    """Sets every partition's position in both tables to ``to`` (explicit offsets leave unnamed
-    partitions where they are, or at the log start if they have no position)."""
+def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False) -> dict[str, Any]:
+    """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) in
+    both tables. An unnamed partition keeps each table's own position (the main table's starts at
+    the log start when it has none): the quarantine table's may be ahead after a crash between
+    the two commits of a batch, and it is that floor which keeps its rows from being written twice.
+
+    ``take_over`` lets this pipeline take the topic over in a table where another pipeline
+    ingests it: the reset commits make this pipeline the owner, and the other one's runs are
+    refused from then on."""
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_topic(admin, pipeline)
     log = kafka.log_bounds(admin, pipeline, state.partitions)
     topic, options = pipeline.source.topic, pipeline.sink.storage_options
     main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
+    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
+    check_owner(pipeline, main, main.snapshot(), take_over)
     before = main.positions(state.partitions)
     unnamed = {p: before[p] if before[p] is not None else log[p].earliest for p in log}
     target = bounds.resolve(admin, pipeline, to, log, range_starts={p: None for p in log}, default=unnamed)
@@ -36,14 +45,21 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None) -> dic
                 f"[{log[partition].earliest}, {log[partition].latest}]",
                 pipeline=pipeline.name, topic=topic, partition=partition, offset=offset,
             )
-    record = CommitRecord(
-        pipeline=pipeline.name, run_id=run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}", until=to.describe(),
-        topic=topic, topic_id=state.identity.topic_id, cluster_id=state.identity.cluster_id,
-        reset=Reset(from_positions={str(p): v for p, v in sorted(before.items())},
-                    to_positions={str(p): v for p, v in sorted(target.items())}, to=to.describe()),
-    )
+    named = set(to.offsets) if to.kind == "offsets" else set(log)
+    quarantine_before = quarantine.positions(state.partitions)
+    quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
     ensure_tables(pipeline)
-    # Both tables: the quarantine table keeps only offsets at or after its own position.
-    versions = {ledger.table_uri: commit_positions(ledger, target, record)
-                for ledger in (main, Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options))}
+    run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
+    versions = {}
+    # Main table first: a crash before the quarantine commit leaves the quarantine table's floor
+    # where it was, which only ever keeps a quarantine row from being written twice.
+    for ledger, was, now in ((main, before, target), (quarantine, quarantine_before, quarantine_target)):
+        moved = {p: v for p, v in now.items() if v is not None}
+        record = CommitRecord(
+            pipeline=pipeline.name, run_id=run_id, until=to.describe(), topic=topic,
+            topic_id=state.identity.topic_id, cluster_id=state.identity.cluster_id,
+            reset=Reset(from_positions={str(p): v for p, v in sorted(was.items())},
+                        to_positions={str(p): v for p, v in sorted(moved.items())}, to=to.describe()),
+        )
+        versions[ledger.table_uri] = commit_positions(ledger, moved, record, take_over)
     return {"pipeline": pipeline.name, "topic": topic, "from": before, "to": target, "versions": versions}
