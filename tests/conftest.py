@@ -24,6 +24,8 @@ import yaml
 
 from oncemore import devbroker
 from oncemore.config import Pipeline, load_pipeline
+from oncemore.coordinates import KafkaPartition
+from oncemore.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTERNAL_BOOTSTRAP = os.environ.get("ONCEMORE_TEST_BOOTSTRAP")
@@ -130,6 +132,17 @@ def make_pipeline(tmp_path, broker):
     return make
 
 
+def held_positions(table_uri: str, pipeline: str, topic: str, partitions=(0, 1, 2)) -> dict[int, int | None]:
+    """A pipeline's positions for one topic in a table, by partition number."""
+    found = Ledger(table_uri, pipeline).positions(KafkaPartition(topic, p) for p in partitions)
+    return {key.partition: value for key, value in found.items()}
+
+
+def keyed(topic: str, values: dict[int, object]) -> dict[KafkaPartition, object]:
+    """Values by partition number of ``topic``, keyed as oncemore keys them."""
+    return {KafkaPartition(topic, p): v for p, v in values.items()}
+
+
 def order(i: int) -> bytes:
     return json.dumps({"id": i, "customer": f"customer-{i % 97}", "amount": round(i * 1.25, 2)}).encode()
 
@@ -178,3 +191,15 @@ def assert_exactly_once(pairs: list[tuple[int, int]], expected: list[tuple[int, 
     assert not missing, f"{len(missing)} records missing, e.g. {sorted(missing)[:5]}"
     assert not extra, f"{len(extra)} records outside the committed ranges, e.g. {sorted(extra)[:5]}"
     assert len(pairs) == len(expected)
+
+
+def read_coordinates(table_uri: str) -> list[tuple[str, int, int]]:
+    """Every (topic, partition, offset) in the table, read by DuckDB's Delta reader."""
+    if not Path(table_uri, "_delta_log").exists():
+        return []
+    return sorted(duckdb_connection().execute(
+        f"SELECT _kafka_topic, _kafka_partition, _kafka_offset FROM delta_scan('{table_uri}')").fetchall())
+
+
+def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+    return [(topic, p, o) for p, o in pairs]

@@ -28,10 +28,9 @@ from deltalake import DeltaTable  # noqa: E402
 
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
-from oncemore.ledger import Ledger  # noqa: E402
 from oncemore_airflow.factory import build_dag, build_maintenance_dag  # noqa: E402
 
-from conftest import assert_exactly_once, order, orders, read_pairs  # noqa: E402
+from conftest import assert_exactly_once, held_positions, order, orders, read_pairs  # noqa: E402
 
 pytestmark = pytest.mark.airflow
 HOUR = timedelta(hours=1)
@@ -126,7 +125,7 @@ def test_manual_run_with_until_offsets_and_dry_run(airflow_db, broker, topic, ma
     assert run.state == "success", states(run)
     expected = [(0, o) for o in by_partition[0][:40]] + [(2, o) for o in by_partition[2][:10]]
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), expected)
-    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).positions([0, 1, 2])
+    positions = held_positions(pipeline.sink.table_uri, pipeline.name, topic)
     # Partition 1 was not named: the first commit records its start (earliest) and nothing else.
     assert positions == {0: by_partition[0][40], 1: 0, 2: by_partition[2][10]}
 

@@ -20,7 +20,7 @@ from oncemore.config import OffsetBound
 from oncemore.errors import BoundStalled
 from oncemore.planner import plan_run
 
-from conftest import assert_exactly_once, by_partition, order, read_pairs
+from conftest import assert_exactly_once, by_partition, keyed, order, read_pairs
 
 pytestmark = pytest.mark.spark
 HOUR = 3_600_000
@@ -40,7 +40,8 @@ def test_backdated_records_inside_transactions_end_each_range_at_its_first_newer
     admin = kafka.admin_client(pipeline)
     first_of_hour_2 = {p: min(offsets) for p, offsets in by_partition(hours[2]).items()}
     markers = {p: {max(offsets) + 1 for h in hours for q, offsets in by_partition(h).items() if q == p} for p in range(3)}
-    answered = kafka.offsets_for_timestamp(admin, pipeline, at(2).timestamp_ms, [0, 1, 2])
+    answered = {p.partition: o for p, o in kafka.offsets_for_timestamp(
+        admin, pipeline, at(2).timestamp_ms, keyed(topic, {0: 0, 1: 0, 2: 0})).items()}
     assert all(answered[p] in markers[p] and answered[p] < first_of_hour_2[p] for p in range(3)), answered
 
     assert plan_run(pipeline, at(2)) == plan_run(pipeline, at(2)), "the same log and bound give the same plan"

@@ -60,7 +60,7 @@ def test_plan_prints_ranges(broker, topic, make_pipeline):
     pipeline = make_pipeline(topic)
     result = oncemore("plan", "--config", pipeline.origin, "--until", '{"0": 5}')
     assert result.returncode == 0, result.stderr
-    assert f"{topic}/0: [0, 5)" in result.stdout
+    assert f"{topic}/0 [0, 5)" in result.stdout
     # Not named by --until: only its start is recorded with the first commit.
     assert f"{topic}/1: nothing to read, position recorded at 0" in result.stdout
 
@@ -72,7 +72,7 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"oncemore: error: {path}: source.surprise: unknown key (allowed: bootstrap_servers, kafka_options, "
-        "stall_timeout_seconds, starting_offsets, topic)")
+        "stall_timeout_seconds, starting_offsets, topic, topic_pattern, topics)")
 
 
 def test_unknown_pipeline_and_bad_until(tmp_path, broker, topic, make_pipeline):

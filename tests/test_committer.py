@@ -15,32 +15,33 @@ from deltalake.exceptions import CommitFailedError
 
 from oncemore.committer import already_committed, commit, commit_positions, covered_prefix, ensure_table, validate_files
 from oncemore.errors import CommitConflict, InvalidDataFile, UnsupportedTable
-from oncemore.ledger import CommitRecord, Ledger
+from oncemore.commitrecord import CommitRecord
+from oncemore.ledger import Ledger
 from oncemore.schema import QUARANTINE_SCHEMA
-from oncemore.writer import TableWriter, TaskResult
+from oncemore.writer import RangeResult, TableWriter
 
-from conftest import orders, read_pairs
+from conftest import keyed, orders, read_pairs
 
 
 def test_positions_at_the_batch_start_commit_past_its_end_are_done_anything_else_conflicts():
-    ledger = Ledger("t", "p", "orders")
-    assert already_committed(ledger, {0: 10, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5}) is False
-    assert already_committed(ledger, {0: 20, 1: 9}, {0: 10, 1: None}, {0: 20, 1: 5}) is True
+    ledger, k = Ledger("t", "p"), lambda values: keyed("orders", values)
+    assert already_committed(ledger, k({0: 10, 1: None}), k({0: 10, 1: None}), k({0: 20, 1: 5})) is False
+    assert already_committed(ledger, k({0: 20, 1: 9}), k({0: 10, 1: None}), k({0: 20, 1: 5})) is True
     with pytest.raises(CommitConflict, match=r"orders/0: expected 10, found 15, batch ends at 20"):
-        already_committed(ledger, {0: 15, 1: None}, {0: 10, 1: None}, {0: 20, 1: 5})
+        already_committed(ledger, k({0: 15, 1: None}), k({0: 10, 1: None}), k({0: 20, 1: 5}))
 
 
 def result(partition, start, end, reached):
-    return TaskResult(partition, start, end, reached, 0, ())
+    return RangeResult("orders", partition, start, end, reached, 0, reached - start, 0, ())
 
 
 def test_a_commit_takes_each_partition_up_to_the_first_task_cut_short_and_drops_what_follows():
     results = [result(0, 0, 100, 100), result(0, 100, 200, 150), result(0, 200, 300, 300),
                result(1, 5, 50, 50), result(2, 0, 10, 10)]
-    ends, kept, dropped = covered_prefix(reversed(results), {0: 0, 1: 5, 2: 0, 3: 7})
-    assert ends == {0: 150, 1: 50, 2: 10, 3: 7}
-    assert sorted((r.kafka_partition, r.start) for r in kept) == [(0, 0), (0, 100), (1, 5), (2, 0)]
-    assert [(r.kafka_partition, r.start) for r in dropped] == [(0, 200)]
+    ends, kept, dropped = covered_prefix(reversed(results), keyed("orders", {0: 0, 1: 5, 2: 0, 3: 7}))
+    assert ends == keyed("orders", {0: 150, 1: 50, 2: 10, 3: 7})
+    assert sorted((r.partition, r.start) for r in kept) == [(0, 0), (0, 100), (1, 5), (2, 0)]
+    assert [(r.partition, r.start) for r in dropped] == [(0, 200)]
 
 
 def rows(offsets) -> pa.Table:
@@ -60,20 +61,20 @@ def written(tmp_path, offsets):
 
 def test_valid_files_pass_and_report_their_offsets(tmp_path):
     (data_file,) = written(tmp_path, [5, 6, 9])
-    assert (data_file.kafka_partition, data_file.min_offset, data_file.max_offset, data_file.num_records) == (1, 5, 9, 3)
-    validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (5, 10)})
+    assert (data_file.offsets, data_file.num_records) == ({"orders/1": [5, 9, 3]}, 3)
+    validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), keyed("orders", {1: (5, 10)}))
 
 
 def test_files_outside_the_range_missing_or_with_another_schema_are_refused(tmp_path):
     (data_file,) = written(tmp_path, [5, 6, 10])
-    with pytest.raises(InvalidDataFile, match=r"offsets \[5, 10\] of partition 1 fall outside the batch range \[5, 10\)"):
-        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (5, 10)})
+    with pytest.raises(InvalidDataFile, match=r"offsets \[5, 10\] of orders/1 fall outside the batch range \[5, 10\)"):
+        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), keyed("orders", {1: (5, 10)}))
     other_schema = pa.schema([f for f in QUARANTINE_SCHEMA if f.name != "error"])
     with pytest.raises(InvalidDataFile, match="differs from the table's"):
-        validate_files(str(tmp_path), [data_file], other_schema, (), {1: (0, 100)})
+        validate_files(str(tmp_path), [data_file], other_schema, (), keyed("orders", {1: (0, 100)}))
     (tmp_path / data_file.path).unlink()
     with pytest.raises(InvalidDataFile, match="missing"):
-        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), {1: (0, 100)})
+        validate_files(str(tmp_path), [data_file], QUARANTINE_SCHEMA, (), keyed("orders", {1: (0, 100)}))
 
 
 @pytest.mark.parametrize("change, named", [
@@ -98,25 +99,25 @@ def test_a_table_asking_writers_for_what_oncemore_does_not_do_is_refused_before_
 
 def race_table(tmp_path) -> Ledger:
     ensure_table(str(tmp_path / "t"), QUARANTINE_SCHEMA, (), "t", "commit lookups")
-    return Ledger(str(tmp_path / "t"), "p", "orders")
+    return Ledger(str(tmp_path / "t"), "p")
 
 
 def test_our_commit_is_found_past_twenty_foreign_commits_and_its_files_kept(tmp_path, monkeypatch):
     ledger = race_table(tmp_path)
     files = written(tmp_path / "t", [0, 1, 2])
     real = DeltaTable.create_write_transaction
-    foreign = Ledger(ledger.table_uri, "other", "other-topic")
+    foreign = Ledger(ledger.table_uri, "other")
 
     def then_foreign_commits(table, *args, **kwargs):
         real(table, *args, **kwargs)
         monkeypatch.setattr(DeltaTable, "create_write_transaction", real)
         for n in range(25):  # other writers land before our lookup
-            commit_positions(foreign, {0: n + 1}, CommitRecord(pipeline="other", run_id=f"other-{n}", topic="other-topic"))
+            commit_positions(foreign, keyed("other-topic", {0: n + 1}), CommitRecord(pipeline="other", run_id=f"other-{n}"))
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", then_foreign_commits)
-    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}}, topic="orders")
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}})
 
-    outcome = commit(ledger, files, {1: None}, {1: 3}, [1], record)
+    outcome = commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
 
     assert (outcome.status, outcome.version) == ("committed", 1)
     assert DeltaTable(ledger.table_uri).version() == 26
@@ -135,12 +136,12 @@ def test_a_commit_that_landed_before_delta_rs_retried_it_is_ours_not_a_lost_race
         raise CommitFailedError("Transaction failed: Concurrent transaction failed.")
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", landed_then_conflicted)
-    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}}, topic="orders")
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}})
 
-    outcome = commit(ledger, files, {1: None}, {1: 3}, [1], record)
+    outcome = commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
 
     assert (outcome.status, outcome.version) == ("committed", 1)
-    assert ledger.positions([1]) == {1: 3}
+    assert ledger.positions(keyed("orders", {1: 0})) == keyed("orders", {1: 3})
 
 
 def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, topic, make_pipeline, spark, monkeypatch):
@@ -159,5 +160,5 @@ def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, 
     report = runner.run(pipeline, spark_factory=lambda: spark)
 
     assert report.status == "committed" and report.written == 60
-    assert mirrored == [({0: 20, 1: 20, 2: 20}, report.batches[0].versions[0])]
+    assert mirrored == [(keyed(topic, {0: 20, 1: 20, 2: 20}), report.batches[0].versions[0])]
     assert read_pairs(pipeline.sink.table_uri) == sorted(produced)

@@ -56,7 +56,9 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
 @pytest.mark.parametrize(
     "change, value, key, problem",
     [
-        ("source.topic", KeyError, "source.topic", "is required"),
+        ("source.topic", KeyError, "source.topic", "set exactly one of topic, topics and topic_pattern"),
+        ("source.topics", ["a", "a"], "source.topic", "set exactly one of topic, topics and topic_pattern (found topic, topics)"),
+        ("source.topic", "bad topic", "source.topic", "should match pattern"),
         ("source.topik", "x", "source.topik", "unknown key"),
         ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "valid integer"),
         ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "valid integer"),
@@ -159,8 +161,9 @@ def test_not_yaml_and_not_a_mapping(tmp_path):
         ("earliest", OffsetBound("earliest")),
         ("latest", OffsetBound("latest")),
         ({"timestamp": "2026-01-05T11:00:00Z"}, OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-01-05T11:00:00Z"))),
-        ({"0": 42, "1": 7}, OffsetBound("offsets", offsets={0: 42, 1: 7})),
-        ('{"0": 42}', OffsetBound("offsets", offsets={0: 42})),
+        ({"0": 42, "1": 7}, OffsetBound("offsets", offsets={(None, 0): 42, (None, 1): 7})),
+        ('{"0": 42}', OffsetBound("offsets", offsets={(None, 0): 42})),
+        ({"orders": {"0": 42}, "refunds": {"3": 1}}, OffsetBound("offsets", offsets={("orders", 0): 42, ("refunds", 3): 1})),
     ],
 )
 def test_offset_bound_forms(value, expected):

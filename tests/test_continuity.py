@@ -15,11 +15,12 @@ from oncemore import devbroker, runner
 from oncemore.committer import commit_positions
 from oncemore.config import OffsetBound
 from oncemore.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
-from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger
+from oncemore.commitrecord import METADATA_KEY, CommitRecord
+from oncemore.ledger import Ledger
 from oncemore.planner import plan_run
 from oncemore.reset import reset
 
-from conftest import assert_exactly_once, by_partition, orders, read_pairs
+from conftest import assert_exactly_once, by_partition, held_positions, keyed, orders, read_pairs
 
 pytestmark = pytest.mark.spark
 
@@ -29,7 +30,7 @@ def no_spark():
 
 
 def positions(pipeline) -> dict[int, int | None]:
-    return Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic).positions([0, 1, 2])
+    return held_positions(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic)
 
 
 def last_record(table_uri: str) -> CommitRecord:
@@ -50,9 +51,10 @@ def test_a_recreated_topic_stops_the_run_until_a_deliberate_reset(broker, topic,
     version = DeltaTable(pipeline.sink.table_uri).version()
 
     done = reset(pipeline, OffsetBound("earliest"))
-    assert done["to"] == {0: 0, 1: 0, 2: 0} and done["from"] == {p: len(by_partition(old)[p]) for p in (0, 1, 2)}
+    assert done["to"] == keyed(topic, {0: 0, 1: 0, 2: 0})
+    assert done["from"] == keyed(topic, {p: len(by_partition(old)[p]) for p in (0, 1, 2)})
     record = last_record(pipeline.sink.table_uri)
-    assert record.reset.to == "earliest" and record.reset.from_positions == {str(p): v for p, v in done["from"].items()}
+    assert record.reset.to == "earliest" and record.reset.from_positions == {topic: {str(p.partition): v for p, v in done["from"].items()}}
     assert DeltaTable(pipeline.sink.table_uri).version() == version + 1
     runner.run(pipeline, spark_factory=lambda: spark)
     # The old topic's rows stay; the new topic's records are added once each.
@@ -84,9 +86,9 @@ def test_a_position_beyond_the_log_end_stops_the_run(broker, topic, make_pipelin
     pipeline = make_pipeline(topic)
     runner.run(pipeline, spark_factory=lambda: spark)
     # Another tool moved the positions past the log, recording no topic ID (as a broker without IDs would).
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-    commit_positions(ledger, {0: 500, 1: 10, 2: 10}, CommitRecord(pipeline="orders", run_id="tool", topic=topic))
-    with pytest.raises(TopicChanged, match=rf"pipeline orders: topic {topic}/0: committed position 500 is beyond the log end 10"):
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
+    commit_positions(ledger, keyed(topic, {0: 500, 1: 10, 2: 10}), CommitRecord(pipeline="orders", run_id="tool"))
+    with pytest.raises(TopicChanged, match=rf"pipeline orders: {topic}/0: committed position 500 is beyond the log end 10"):
         runner.run(pipeline, spark_factory=no_spark)
 
 
@@ -103,7 +105,7 @@ def test_expired_positions_are_refused_and_a_reset_from_the_hint_continues_exact
 
     with pytest.raises(PositionsMissing) as missing:
         runner.run(pipeline, spark_factory=no_spark)
-    hint = json.dumps({str(p): v for p, v in ends.items()}, sort_keys=True)
+    hint = json.dumps({topic: {str(p): v for p, v in ends.items()}}, sort_keys=True)
     assert f"left positions at {hint}" in str(missing.value) and "oncemore reset orders" in str(missing.value)
 
     DeltaTable(pipeline.sink.table_uri).alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 30 days"})
@@ -195,7 +197,7 @@ def test_a_partly_committed_plan_runs_only_its_remainder(broker, topic, make_pip
         runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
     monkeypatch.undo()
     # Another run moves partition 0 into the middle of batch 1 meanwhile.
-    middle = {0: plan.batches[1].ranges[0].start + 5}
+    middle = {(topic, 0): plan.batches[1].ranges[0].start + 5}
     runner.run(pipeline, until=OffsetBound("offsets", offsets=middle), spark_factory=lambda: spark)
 
     retried = runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
@@ -209,12 +211,12 @@ def test_a_stale_or_foreign_plan_is_refused_before_anything_is_read(broker, topi
     runner.run(pipeline, spark_factory=lambda: spark)
     broker.produce(topic, orders(90, 90))
     plan = plan_run(pipeline)
-    reset(pipeline, OffsetBound("offsets", offsets={0: 10}))  # positions moved behind the plan
+    reset(pipeline, OffsetBound.parse('{"0": 10}'))  # positions moved behind the plan
     with pytest.raises(StalePlan, match=rf"pipeline orders: {topic}/0: the plan's batch 0 builds on position 30 .* holds position 10"):
         runner.run(pipeline, plan=plan, spark_factory=no_spark)
 
     other_topic = make_pipeline(f"{topic}_other", name="orders")
-    with pytest.raises(StalePlan, match=rf"the plan is for topic {topic}, the pipeline's is {topic}_other"):
+    with pytest.raises(StalePlan, match=rf"the plan is for topic {topic}, the pipeline's is topic {topic}_other"):
         runner.run(other_topic, plan=plan, spark_factory=no_spark)
     other_table = make_pipeline(topic, name="orders", sink={"table_uri": "/tmp/elsewhere"})
     with pytest.raises(StalePlan, match="the plan is for table"):
@@ -226,9 +228,9 @@ def test_a_recreated_topic_is_caught_when_the_pipelines_last_commit_is_far_back(
     pipeline = make_pipeline(topic)
     runner.run(pipeline, spark_factory=lambda: spark)
     # A busy shared table: the pipeline's last commit ends up behind more than 100 others.
-    neighbour = Ledger(pipeline.sink.table_uri, "neighbour", "elsewhere")
+    neighbour = Ledger(pipeline.sink.table_uri, "neighbour")
     for n in range(105):
-        commit_positions(neighbour, {0: n + 1}, CommitRecord(pipeline="neighbour", run_id=f"n-{n}", topic="elsewhere"))
+        commit_positions(neighbour, keyed("elsewhere", {0: n + 1}), CommitRecord(pipeline="neighbour", run_id=f"n-{n}"))
     broker.delete_topic(topic)
     time.sleep(0.5)
     broker.create_topic(topic, 3)
@@ -254,12 +256,11 @@ def test_a_partial_reset_keeps_the_quarantine_floor_of_unnamed_partitions(broker
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()
-    quarantine = Ledger(pipeline.sink.quarantine_uri, "orders", topic)
-    assert quarantine.positions([1]) == {1: 30}
+    assert held_positions(pipeline.sink.quarantine_uri, "orders", topic, [1]) == {1: 30}
 
     reset(pipeline, OffsetBound.parse('{"0": 0}'))  # names partition 0 only
 
-    assert quarantine.positions([0, 1, 2]) == {0: 0, 1: 30, 2: None}
+    assert held_positions(pipeline.sink.quarantine_uri, "orders", topic) == {0: 0, 1: 30, 2: None}
     runner.run(pipeline, spark_factory=lambda: spark)
     main_pairs, quarantine_pairs = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
     assert quarantine_pairs == [(1, 1)]

@@ -21,9 +21,10 @@ from deltalake import DeltaTable
 from oncemore import runner
 from oncemore.config import OffsetBound
 from oncemore.kafka import admin_client, log_bounds
-from oncemore.ledger import METADATA_KEY, CommitRecord, Ledger, app_id, fingerprint
+from oncemore.commitrecord import METADATA_KEY, CommitRecord
+from oncemore.ledger import app_id, fingerprint
 
-from conftest import assert_exactly_once, order, orders, read_pairs, query
+from conftest import assert_exactly_once, held_positions, keyed, order, orders, read_pairs, query
 
 pytestmark = pytest.mark.spark
 
@@ -47,9 +48,9 @@ def test_ingests_each_record_exactly_once_and_reruns_are_noops(broker, topic, ma
     assert report.written == 21_000 and report.quarantined == 0
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     # Positions are the log end, read back from the txn actions.
-    bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
-    positions = Ledger(pipeline.sink.table_uri, pipeline.name, topic).positions([0, 1, 2])
-    assert positions == {p: bounds[p].latest for p in (0, 1, 2)}
+    bounds = log_bounds(admin_client(pipeline), pipeline, keyed(topic, {0: 0, 1: 0, 2: 0}))
+    positions = held_positions(pipeline.sink.table_uri, pipeline.name, topic)
+    assert positions == {p.partition: bounds[p].latest for p in bounds}
     # The values survived: DuckDB sees the parsed columns.
     assert query(pipeline.sink.table_uri, "SELECT sum(id), count(DISTINCT customer) FROM {table}") == [(sum(range(21_000)), 97)]
 
@@ -63,7 +64,7 @@ def test_ingests_each_record_exactly_once_and_reruns_are_noops(broker, topic, ma
     assert third.written == 3_000
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced + more)
     last = oncemore_commits(pipeline.sink.table_uri)[-1][1]
-    assert last.records == {"written": 3_000, "quarantined": 0}
+    assert last.records == {"written": 3_000, "quarantined": 0, "filtered": 0}
     assert {int(p): start for p, (start, _) in last.ranges[topic].items()} == positions
 
 
@@ -75,18 +76,18 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     (version, batch), = oncemore_commits(pipeline.sink.table_uri)
     assert [version] == report.batches[0].versions
     assert batch.pipeline == "orders" and batch.run_id == "run-42" and batch.until == "latest"
-    assert batch.batch_seq == 0 and batch.format_version == 4 and batch.oncemore_version
-    bounds = log_bounds(admin_client(pipeline), pipeline, [0, 1, 2])
+    assert batch.batch_seq == 0 and batch.format_version == 5 and batch.oncemore_version
+    bounds = {p.partition: b for p, b in log_bounds(admin_client(pipeline), pipeline, keyed(topic, {0: 0, 1: 0, 2: 0})).items()}
     assert batch.ranges == {topic: {str(p): [0, bounds[p].latest] for p in (0, 1, 2)}}
-    assert batch.records == {"written": 300, "quarantined": 0}
+    assert batch.records == {"written": 300, "quarantined": 0, "filtered": 0}
     # The log end it planned to (here: all of it, so no lag) and how long the batch took.
-    assert batch.log_end == {str(p): bounds[p].latest for p in (0, 1, 2)} and batch.lag() == {0: 0, 1: 0, 2: 0}
+    assert batch.log_end == {topic: {str(p): bounds[p].latest for p in (0, 1, 2)}} and batch.lag() == keyed(topic, {0: 0, 1: 0, 2: 0})
     assert batch.duration_ms > 0
     # The identity the offsets refer to, as the broker reports it.
     from confluent_kafka import TopicCollection
 
     (described,) = broker.admin().describe_topics(TopicCollection([topic])).values()
-    assert batch.topic == topic and batch.topic_id == str(described.result().topic_id) and batch.topic_id
+    assert batch.topic_ids == {topic: str(described.result().topic_id)} and batch.topic_ids[topic]
     assert batch.cluster_id == broker.admin().list_topics(timeout=10).cluster_id
     assert batch.bytes_read == sum(len(str(i)) + len(order(i)) for i in range(300))
     # txn actions carry lastUpdated, so Delta's transaction retention applies to them as written.
@@ -96,7 +97,7 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
         f"oncemore/orders/{topic}/@topic_id", f"oncemore/orders/{topic}/@cluster_id", f"oncemore/@owner/{topic}"])
     assert all(t["lastUpdated"] > 1_700_000_000_000 for t in txns.values())
     # Beside the positions, what they refer to and whose they are: fingerprints of the IDs and of the pipeline.
-    assert txns[f"oncemore/orders/{topic}/@topic_id"]["version"] == fingerprint(batch.topic_id)
+    assert txns[f"oncemore/orders/{topic}/@topic_id"]["version"] == fingerprint(batch.topic_ids[topic])
     assert txns[f"oncemore/orders/{topic}/@cluster_id"]["version"] == fingerprint(batch.cluster_id)
     assert txns[f"oncemore/@owner/{topic}"]["version"] == fingerprint("orders")
 
@@ -204,10 +205,13 @@ def test_crash_between_quarantine_and_main_commit_heals_on_rerun(broker, topic, 
     monkeypatch.undo()
     assert len(read_pairs(pipeline.sink.quarantine_uri)) == 1
     assert read_pairs(pipeline.sink.table_uri) == []
+    quarantine_version = DeltaTable(pipeline.sink.quarantine_uri).version()
 
     report = runner.run(pipeline, spark_factory=lambda: spark)
 
-    assert report.quarantined == 0, "the quarantine table already held this range"
+    # The record is counted as the range's quarantined record; the quarantine table already held it.
+    assert report.quarantined == 1 and report.batches[0].quarantine_versions == []
+    assert DeltaTable(pipeline.sink.quarantine_uri).version() == quarantine_version
     main_pairs, quarantine_pairs = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
     assert len(quarantine_pairs) == 1
     assert_exactly_once(main_pairs + quarantine_pairs, produced)
@@ -235,7 +239,9 @@ def _commit_racer(table_uri, storage_options, topic, start, end, barrier, result
     import pyarrow as pa
 
     from oncemore.committer import commit
-    from oncemore.ledger import CommitRecord, Ledger
+    from oncemore.commitrecord import CommitRecord
+    from oncemore.coordinates import KafkaPartition
+    from oncemore.ledger import Ledger
     from oncemore.schema import QUARANTINE_SCHEMA
     from oncemore.writer import TableWriter
 
@@ -250,10 +256,11 @@ def _commit_racer(table_uri, storage_options, topic, start, end, barrier, result
     writer.write(table)
     files = writer.close()
     record = CommitRecord(pipeline="racers", run_id=f"racer-{os.getpid()}", ranges={topic: {"0": [start, end]}},
-                          records={"written": rows, "quarantined": 0}, topic=topic)
-    ledger = Ledger(table_uri, "racers", topic, storage_options)
+                          records={"written": rows, "quarantined": 0, "filtered": 0})
+    ledger = Ledger(table_uri, "racers", storage_options)
     barrier.wait(timeout=60)
-    results.put(commit(ledger, files, {0: start or None}, {0: end}, [0], record).status)
+    key = KafkaPartition(topic, 0)
+    results.put(commit(ledger, files, {key: start or None}, {key: end}, [key], record).status)
 
 
 @pytest.mark.parametrize("store", ["local disk", "S3"])
@@ -445,8 +452,8 @@ def test_quarantine_rows_are_kept_when_runs_to_different_ends_race(broker, topic
     assert calls["run-b"] > 2, "B's quarantine commit lost the race and B went round, as intended"
     bad = {pair for pair, record in zip(_delivery_order(produced, records), records) if record[2] == b"{broken"}
     assert set(quarantined) == {pair for pair in bad if pair[1] < 80}
-    held = Ledger(pipeline.sink.table_uri, "orders", topic).positions([0, 1, 2])
-    assert held == Ledger(pipeline.sink.quarantine_uri, "orders", topic).positions([0, 1, 2]) == {0: 80, 1: 80, 2: 80}
+    held = held_positions(pipeline.sink.table_uri, "orders", topic)
+    assert held == held_positions(pipeline.sink.quarantine_uri, "orders", topic) == {0: 80, 1: 80, 2: 80}
 
 
 def test_json_null_and_invalid_utf8_go_to_quarantine_and_the_run_goes_on(broker, topic, make_pipeline, spark):

@@ -25,7 +25,7 @@ from oncemore.progress import Progress
 from oncemore.report import FreshnessAlert, check_freshness, status
 from oncemore.runner import run
 
-from conftest import assert_exactly_once, orders, read_pairs
+from conftest import assert_exactly_once, held_positions, keyed, orders, read_pairs
 from test_cli import oncemore
 from test_ingest import oncemore_commits
 
@@ -57,8 +57,8 @@ def test_maintenance_beside_ingestion_keeps_every_record_once_and_the_positions(
     assert "report" in ingestion, "the ingestion finished"
     assert any(maintained_during), "maintenance ran while ingestion committed"
     assert_exactly_once(read_pairs(pipeline.sink.table_uri) + read_pairs(pipeline.sink.quarantine_uri), produced)
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, topic)
-    assert ledger.positions([0, 1, 2]) == {p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
+    assert held_positions(pipeline.sink.table_uri, pipeline.name, topic) == {
+        p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
     assert in_flight.exists(), "vacuum deleted a file younger than the retention floor"
 
     final = oncemore("maintain", "--config", pipeline.origin)
@@ -85,7 +85,7 @@ def test_positions_are_mirrored_to_the_consumer_group_and_never_read_back(broker
     ends = {p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
     assert committed_offsets(broker, pipeline) == ends
     # The mirror is never read back: moved behind the table, the next run still starts at the table.
-    mirror_positions(pipeline, {0: 0, 1: 0, 2: 0}, table_version=0)
+    mirror_positions(pipeline, keyed(topic, {0: 0, 1: 0, 2: 0}), table_version=0)
     more = broker.produce(topic, orders(900, 90))
     run(pipeline, spark_factory=spark_factory(spark))
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced + more)
@@ -96,9 +96,9 @@ def test_a_failed_mirror_is_logged_not_raised(make_pipeline, topic, caplog):
     pipeline = make_pipeline(topic, source={"bootstrap_servers": "127.0.0.1:1", "stall_timeout_seconds": 2})
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="oncemore"):
-        assert mirror_positions(pipeline, {0: 5}, table_version=3) is False
+        assert mirror_positions(pipeline, keyed(topic, {0: 5}), table_version=3) is False
     assert time.monotonic() - started < 30
-    assert f"could not mirror positions of {topic} (table version 3) to consumer group oncemore.orders" in caplog.text
+    assert f"could not mirror positions of topic {topic} (table version 3) to consumer group oncemore.orders" in caplog.text
 
 
 def committed_offsets(broker, pipeline) -> dict[int, int]:
@@ -156,7 +156,7 @@ def test_the_overview_matches_the_ledger(broker, topic, make_pipeline, spark):
     run(pipeline, until=first_offsets(150), spark_factory=spark_factory(spark))
 
     data = pipeline_overview(pipeline, detail=True)
-    commits = Ledger(pipeline.sink.table_uri, pipeline.name, topic).recent_batches(100)
+    commits = Ledger(pipeline.sink.table_uri, pipeline.name).recent_batches(100)
     assert [b["version"] for b in data["batches"]] == [e.version for e in commits]
     assert data["last_commit"]["version"] == DeltaTable(pipeline.sink.table_uri).version()
     assert sum(h["written"] for h in data["per_hour"]) == sum(e.record.records["written"] for e in commits)

@@ -11,7 +11,7 @@ from oncemore.records import RangeRecords
 from oncemore.schema import RECORD_SCHEMA
 from oncemore.source import KafkaRangeReader, offsets_option
 
-from conftest import by_partition, orders
+from conftest import by_partition, keyed, orders
 
 
 def records(pipeline, partition, start, end, stall=20.0, max_bytes=None, consumer=None) -> RangeRecords:
@@ -41,7 +41,7 @@ def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_
         produced += broker.produce(topic, [(0, None, v, None) for _, _, v, _ in orders(start, 100)], transactional_id="tx")
     pipeline = make_pipeline(topic)
     offsets = [o for _, o in produced]
-    end = log_bounds(admin_client(pipeline), pipeline, [0])[0].latest
+    end = next(iter(log_bounds(admin_client(pipeline), pipeline, keyed(topic, {0: 0})).values())).latest
     assert end == offsets[-1] + 2  # the last offset is the commit marker
 
     whole = read(pipeline, 0, 0, end)
@@ -76,7 +76,7 @@ def test_aborted_transactions_are_never_read(broker, topic, make_pipeline):
     broker.produce(topic, orders(30, 30, partitions=1), transactional_id="tx", abort=True)
     kept += broker.produce(topic, orders(60, 30, partitions=1), transactional_id="tx")
     pipeline = make_pipeline(topic)
-    end = log_bounds(admin_client(pipeline), pipeline, [0])[0].latest
+    end = next(iter(log_bounds(admin_client(pipeline), pipeline, keyed(pipeline.source.topic, {0: 0})).values())).latest
     assert read(pipeline, 0, 0, end).column("offset").to_pylist() == by_partition(kept)[0]
 
 
@@ -99,7 +99,7 @@ def test_a_byte_budget_stops_after_the_record_reaching_it_and_says_where(broker,
 
 def test_reader_splits_ranges_into_sub_ranges():
     reader = KafkaRangeReader({
-        "topic": "t", "startingOffsets": offsets_option("t", {0: 0, 1: 5}), "endingOffsets": offsets_option("t", {0: 250, 1: 6}),
+        "startingOffsets": offsets_option(keyed("t", {0: 0, 1: 5})), "endingOffsets": offsets_option(keyed("t", {0: 250, 1: 6})),
         "maxRecordsPerPartition": "100",
     })
     assert [(p.partition, p.start, p.end) for p in reader.partitions()] == [(0, 0, 100), (0, 100, 200), (0, 200, 250), (1, 5, 6)]
@@ -110,9 +110,9 @@ def test_spark_reads_a_range_as_records_with_the_kafka_source_columns(broker, to
     produced = broker.produce(topic, orders(0, 600))
     pipeline = make_pipeline(topic)
     by_partition = {p: sorted(o for q, o in produced if q == p) for p in (0, 1, 2)}
-    reader = (spark.read.format("oncemore_kafka").option("topic", topic)
-              .option("startingOffsets", offsets_option(topic, {0: by_partition[0][10], 2: 0}))
-              .option("endingOffsets", offsets_option(topic, {0: by_partition[0][20], 2: by_partition[2][-1] + 1}))
+    reader = (spark.read.format("oncemore_kafka")
+              .option("startingOffsets", offsets_option(keyed(topic, {0: by_partition[0][10], 2: 0})))
+              .option("endingOffsets", offsets_option(keyed(topic, {0: by_partition[0][20], 2: by_partition[2][-1] + 1})))
               .option("maxRecordsPerPartition", "50"))
     for key, value in consumer_config(pipeline).items():
         reader = reader.option(f"kafka.{key}", value)

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pytest
 
 from oncemore.committer import commit, ensure_table
-from oncemore.ledger import CommitRecord, Ledger
+from oncemore.commitrecord import CommitRecord
+from oncemore.coordinates import KafkaPartition
+from oncemore.ledger import Ledger
 from oncemore.schema import main_table_schema
 from oncemore.stats import FileStats
 from oncemore.writer import TableWriter
@@ -92,8 +94,9 @@ def test_an_independent_reader_filtering_by_the_statistics_finds_every_row(tmp_p
         writer.write(rows_table(rows, offset))
         files += writer.close()
         offset += len(rows)
-    record = CommitRecord(pipeline="stats", run_id="r", ranges={"t": {"0": [0, offset]}}, topic="t")
-    commit(Ledger(table_uri, "stats", "t"), files, {0: None}, {0: offset}, [0], record)
+    record = CommitRecord(pipeline="stats", run_id="r", ranges={"t": {"0": [0, offset]}})
+    key = KafkaPartition("t", 0)
+    commit(Ledger(table_uri, "stats"), files, {key: None}, {key: offset}, [key], record)
 
     reader = duckdb_connection()
     reader.execute(f"CREATE TABLE copied AS SELECT * FROM delta_scan('{table_uri}')")  # no file skipping here

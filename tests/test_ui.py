@@ -173,10 +173,10 @@ def test_a_backfill_created_in_the_ui_ingests_exactly_its_intervals_and_its_reru
 
 def test_the_oncemore_page_shows_the_ledger(clicks, page):
     services, pipeline, _, _ = clicks
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic)
-    assert ledger.table() is not None, "runs after the backfill test"
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
+    assert ledger.snapshot() is not None, "runs after the backfill test"
     admin = kafka.admin_client(pipeline)
-    partitions = kafka.describe_topic(admin, pipeline).partitions
+    partitions = kafka.describe_source(admin, pipeline).partitions
     positions, bounds = ledger.positions(partitions), kafka.log_bounds(admin, pipeline, partitions)
 
     page.goto(services.url)

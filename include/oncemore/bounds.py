@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from . import kafka
 from .config import OffsetBound, Pipeline, format_timestamp_ms
+from .coordinates import KafkaPartition, describe
 from .errors import BoundStalled, PlanError
 from .kafka import PartitionBounds
 
@@ -37,10 +38,10 @@ def resolve(
     admin: AdminClient,
     pipeline: Pipeline,
     bound: OffsetBound,
-    bounds: Mapping[int, PartitionBounds],
-    range_starts: Mapping[int, int | None],
-    default: Mapping[int, int | None],
-) -> dict[int, int | None]:
+    bounds: Mapping[KafkaPartition, PartitionBounds],
+    range_starts: Mapping[KafkaPartition, int | None],
+    default: Mapping[KafkaPartition, int | None],
+) -> dict[KafkaPartition, int | None]:
     """``bound`` as an offset per partition.
 
     ``range_starts``: where each partition's range begins (None: not known yet); a timestamp is
@@ -52,26 +53,29 @@ def resolve(
         return {p: b.latest for p, b in bounds.items()}
     if bound.kind == "timestamp":
         return _resolve_timestamp(admin, pipeline, bound.timestamp_ms, bounds, range_starts)
-    unknown = sorted(set(bound.offsets) - set(bounds))
+    try:
+        offsets = bound.for_topics({p.topic for p in bounds})
+    except ValueError as exc:
+        raise PlanError(f"pipeline {pipeline.name}: {exc}", pipeline=pipeline.name) from None
+    unknown = sorted(set(offsets) - set(bounds))
     if unknown:
         raise PlanError(
-            f"pipeline {pipeline.name}: topic {pipeline.source.topic} has no partition {unknown[0]} "
-            f"(partitions: {', '.join(map(str, sorted(bounds)))})",
-            pipeline=pipeline.name, topic=pipeline.source.topic, partition=unknown[0],
+            f"pipeline {pipeline.name}: {unknown[0]}: no such partition among the pipeline's ({describe(bounds)})",
+            pipeline=pipeline.name, topic=unknown[0].topic, partition=unknown[0].partition,
         )
-    return {p: bound.offsets.get(p, default[p]) for p in bounds}
+    return {p: offsets.get(p, default[p]) for p in bounds}
 
 
 def _resolve_timestamp(
     admin: AdminClient,
     pipeline: Pipeline,
     timestamp_ms: int,
-    bounds: Mapping[int, PartitionBounds],
-    range_starts: Mapping[int, int | None],
-) -> dict[int, int]:
+    bounds: Mapping[KafkaPartition, PartitionBounds],
+    range_starts: Mapping[KafkaPartition, int | None],
+) -> dict[KafkaPartition, int]:
     candidates = kafka.offsets_for_timestamp(admin, pipeline, timestamp_ms, bounds)
-    resolved: dict[int, int] = {}
-    scans: dict[int, tuple[int, int]] = {}
+    resolved: dict[KafkaPartition, int] = {}
+    scans: dict[KafkaPartition, tuple[int, int]] = {}
     for p, log in bounds.items():
         floor = min(max(range_starts.get(p) or log.earliest, log.earliest), log.latest)
         if candidates[p] is None:  # nothing at or after the bound below the last stable offset
@@ -105,21 +109,21 @@ def _check_not_stalled(pipeline, timestamp_ms, bounds, range_starts, resolved, f
         if hit is None:
             continue
         (offset, stamp), (older_offset, older_stamp) = blocked[p], hit
-        topic = pipeline.source.topic
         raise BoundStalled(
-            f"pipeline {pipeline.name}: {topic}/{p}: the record at offset {offset} (the position) is stamped "
+            f"pipeline {pipeline.name}: {p}: the record at offset {offset} (the position) is stamped "
             f"{format_timestamp_ms(stamp)}, after the bound {format_timestamp_ms(timestamp_ms)} and after now, "
             f"while offset {older_offset} behind it is stamped {format_timestamp_ms(older_stamp)}: no timestamp "
             f"bound passes it before that time. Ingest past it with an offset bound, e.g. "
             f"`oncemore run {pipeline.name} --until latest`.",
-            pipeline=pipeline.name, topic=topic, partition=p, position=offset, blocking_timestamp=stamp,
+            pipeline=pipeline.name, topic=p.topic, partition=p.partition, position=offset, blocking_timestamp=stamp,
             older_offset=older_offset, older_timestamp=older_stamp, bound=timestamp_ms,
         )
 
 
 def first_matching(
-    pipeline: Pipeline, ranges: Mapping[int, tuple[int, int]], predicate: Callable[[int], bool], limit: int | None = None
-) -> dict[int, tuple[int, int] | None]:
+    pipeline: Pipeline, ranges: Mapping[KafkaPartition, tuple[int, int]], predicate: Callable[[int], bool],
+    limit: int | None = None,
+) -> dict[KafkaPartition, tuple[int, int] | None]:
     """Per partition, (offset, timestamp ms) of the first data record in [begin, end) whose
     timestamp satisfies ``predicate``; None if there is none (within ``limit`` records)."""
     if not ranges:
@@ -128,10 +132,10 @@ def first_matching(
 
     def scan(item):
         partition, (begin, end) = item
-        where = f"pipeline {pipeline.name}: {pipeline.source.topic}/{partition}"
+        where = f"pipeline {pipeline.name}: {partition}"
         seen = 0
         with kafka.range_consumer(config) as consumer:
-            for messages in kafka.read_messages(consumer, pipeline.source.topic, partition, begin, end,
+            for messages in kafka.read_messages(consumer, partition.topic, partition.partition, begin, end,
                                                 pipeline.source.stall_timeout_seconds, where):
                 for message in messages:
                     stamp = message.timestamp()[1]

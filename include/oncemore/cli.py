@@ -14,6 +14,7 @@ from pathlib import Path
 from .config import (
     ConfigError, OffsetBound, Pipeline, json_schema, load_pipeline, resolve_config_path, with_kafka_overrides,
 )
+from .coordinates import nested
 from .errors import OncemoreError, root_cause
 from .kafka import CLIENT_LOG, KafkaReadError, KafkaSourceError
 from .planner import Plan, describe, plan_run
@@ -52,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         command.set_defaults(handler=handler)
         return command
 
-    until_help = "where the run ends: latest (default), an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}'"
+    until_help = ("where the run ends: latest (default), an ISO-8601 timestamp, or offsets JSON like "
+                  "'{\"orders\": {\"0\": 100}}' ('{\"0\": 100}' for a pipeline of one topic)")
     run = add("run", "ingest up to --until and commit exactly once", _run)
     run.add_argument("--until", default="latest", help=until_help)
     run.add_argument("--run-id", help="recorded in the commit metadata (default: generated)")
@@ -68,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     reset = add("reset", "set the pipeline's positions deliberately (a commit recording old and new)", _reset)
     reset.add_argument("--to", required=True,
-                       help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like '{\"0\": 100}' "
-                            "(unnamed partitions keep their position)")
+                       help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like "
+                            "'{\"orders\": {\"0\": 100}}' ('{\"0\": 100}' for a pipeline of one topic; unnamed "
+                            "partitions keep their position)")
     reset.add_argument("--take-over", action="store_true",
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
@@ -140,8 +143,8 @@ def _reset(pipeline: Pipeline, args) -> int:
     except ValueError as exc:
         raise ValueError(f"--to {exc}") from None
     done = reset(pipeline, to, take_over=args.take_over)
-    print(f"{pipeline.name}: positions of topic {done['topic']} reset from {json.dumps(done['from'])} "
-          f"to {json.dumps(done['to'])} (versions: {json.dumps(done['versions'])})")
+    print(f"{pipeline.name}: positions reset from {json.dumps(nested(done['from']))} to {json.dumps(nested(done['to']))} "
+          f"(versions: {json.dumps(done['versions'])})")
     return 0
 
 

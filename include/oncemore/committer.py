@@ -22,10 +22,12 @@ from deltalake.transaction import AddAction
 
 from .config import Pipeline
 from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned, UnsupportedTable
-from .ledger import METADATA_KEY, CommitRecord, Ledger, fingerprint, open_table
+from .commitrecord import METADATA_KEY, CommitRecord
+from .coordinates import KafkaPartition
+from .ledger import Ledger, fingerprint, open_table
 from .schema import QUARANTINE_SCHEMA
 from .storage import filesystem, table_location
-from .writer import DataFile, TaskResult
+from .writer import DataFile, RangeResult
 
 
 # Writer features that appending files with add actions honours as it is. Any other feature asks
@@ -103,20 +105,21 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
 
 def ensure_tables(pipeline: Pipeline) -> None:
     """The pipeline's main and quarantine tables, created when missing, checked otherwise."""
-    options, topic = pipeline.sink.storage_options, pipeline.source.topic
+    options, subscription = pipeline.sink.storage_options, pipeline.source.describe_subscription()
     ensure_table(pipeline.sink.table_uri, pipeline.table_schema(), pipeline.sink.partition_by, pipeline.name,
-                 f"oncemore pipeline {pipeline.name}: topic {topic}", options)
+                 f"oncemore pipeline {pipeline.name}: {subscription}", options)
     ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-                 f"oncemore quarantine of pipeline {pipeline.name}: records of topic {topic} that failed to decode",
+                 f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored",
                  options)
 
 
-def covered_prefix(results: Iterable[TaskResult], starts: Mapping[int, int]) -> tuple[dict[int, int], list[TaskResult], list[TaskResult]]:
-    """Per partition, how far the tasks' results reach without a hole from ``starts``, the results
-    inside that reach, and the results after a task cut short by its byte budget (never committed)."""
-    by_partition: dict[int, list[TaskResult]] = {}
+def covered_prefix(results: Iterable[RangeResult], starts: Mapping[KafkaPartition, int]
+                   ) -> tuple[dict[KafkaPartition, int], list[RangeResult], list[RangeResult]]:
+    """Per partition, how far the ranges read reach without a hole from ``starts``, the results
+    inside that reach, and the results after a range cut short by its byte budget (never committed)."""
+    by_partition: dict[KafkaPartition, list[RangeResult]] = {}
     for result in results:
-        by_partition.setdefault(result.kafka_partition, []).append(result)
+        by_partition.setdefault(result.key, []).append(result)
     ends, kept, dropped = dict(starts), [], []
     for partition, partition_results in by_partition.items():
         for result in sorted(partition_results, key=lambda r: r.start):
@@ -129,7 +132,7 @@ def covered_prefix(results: Iterable[TaskResult], starts: Mapping[int, int]) -> 
 
 
 def validate_files(table_uri: str, files: list[DataFile], schema: pa.Schema, partition_by: Iterable[str],
-                   ranges: Mapping[int, tuple[int, int]], storage_options: Mapping[str, str] | None = None) -> None:
+                   ranges: Mapping[KafkaPartition, tuple[int, int]], storage_options: Mapping[str, str] | None = None) -> None:
     """Every file exists with its reported size, has the table's schema and holds only offsets
     inside its partition's range. delta-rs would commit a broken file without a word."""
     fs, root = filesystem(table_uri, storage_options)
@@ -142,21 +145,21 @@ def validate_files(table_uri: str, files: list[DataFile], schema: pa.Schema, par
         found = pq.read_schema(fs.open_input_file(f"{root}/{data_file.path}"))
         if not found.remove_metadata().equals(file_schema, check_metadata=False):
             raise InvalidDataFile(f"{where}: schema {found} differs from the table's {file_schema}", path=where)
-        start, end = ranges.get(data_file.kafka_partition, (0, 0))
-        if not (start <= data_file.min_offset and data_file.max_offset < end):
-            raise InvalidDataFile(
-                f"{where}: offsets [{data_file.min_offset}, {data_file.max_offset}] of partition "
-                f"{data_file.kafka_partition} fall outside the batch range [{start}, {end})",
-                path=where, partition=data_file.kafka_partition, start=start, end=end,
-            )
+        for text, (low, high, _) in sorted(data_file.offsets.items()):
+            start, end = ranges.get(KafkaPartition.parse(text), (0, 0))
+            if not (start <= low and high < end):
+                raise InvalidDataFile(
+                    f"{where}: offsets [{low}, {high}] of {text} fall outside the batch range [{start}, {end})",
+                    path=where, partition=text, start=start, end=end,
+                )
 
 
 def commit(
     ledger: Ledger,
     files: list[DataFile],
-    expected: Mapping[int, int | None],
-    new_positions: Mapping[int, int],
-    partitions: Iterable[int],
+    expected: Mapping[KafkaPartition, int | None],
+    new_positions: Mapping[KafkaPartition, int],
+    partitions: Iterable[KafkaPartition],
     record: CommitRecord,
 ) -> CommitOutcome:
     """One Delta commit: ``files`` plus txn actions moving ``expected`` to ``new_positions`` (and
@@ -168,7 +171,7 @@ def commit(
     TableOwned when another pipeline ingests the topic into this table.
     """
     table = ledger.snapshot()
-    check_owner_at_commit(ledger, table)
+    check_owner_at_commit(ledger, table, {p.topic for p in new_positions})
     if already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions):
         return CommitOutcome("already_committed", None)
     read_version = table.version()
@@ -195,19 +198,20 @@ def commit(
             return CommitOutcome("lost_race", None)
         raise CommitConflict(
             f"{ledger.table_uri}: a concurrent commit moved positions of pipeline {ledger.pipeline} "
-            f"({_moves(ledger.topic, expected, current, new_positions)}); nothing was committed: {exc}",
+            f"({_moves(expected, current, new_positions)}); nothing was committed: {exc}",
             table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
         ) from exc
     return CommitOutcome("committed", _version_of(ledger, record, read_version))
 
 
-def commit_positions(ledger: Ledger, positions: Mapping[int, int], record: CommitRecord, take_over: bool = False) -> int:
+def commit_positions(ledger: Ledger, positions: Mapping[KafkaPartition, int], record: CommitRecord,
+                     take_over: bool = False) -> int:
     """A commit of no files that sets ``positions`` (a deliberate reset); returns its version.
     A concurrent commit of the pipeline makes it fail (CommitFailedError): run it again.
     ``take_over`` lets it make this pipeline the owner of a topic another pipeline ingested."""
     table = ledger.snapshot()
     if not take_over:
-        check_owner_at_commit(ledger, table)
+        check_owner_at_commit(ledger, table, {p.topic for p in positions})
     read_version = table.version()
     properties = CommitProperties(app_transactions=ledger.transactions(positions, positions, table, record),
                                   custom_metadata={METADATA_KEY: record.to_json()})
@@ -217,15 +221,16 @@ def commit_positions(ledger: Ledger, positions: Mapping[int, int], record: Commi
     return _version_of(ledger, record, read_version)
 
 
-def check_owner_at_commit(ledger: Ledger, table: DeltaTable) -> None:
+def check_owner_at_commit(ledger: Ledger, table: DeltaTable, topics: Iterable[str]) -> None:
     """The owner re-checked in the snapshot a commit builds on (planning checked it too, with
     the owner's name; here a hand-over raced the run)."""
-    owner = ledger.claims(table).owner
-    if owner is not None and owner != fingerprint(ledger.pipeline):
-        raise TableOwned(
-            f"{ledger.table_uri}: topic {ledger.topic} was handed over to another pipeline while pipeline "
-            f"{ledger.pipeline} was running; nothing was committed", table_uri=ledger.table_uri, topic=ledger.topic,
-        )
+    for topic in sorted(topics):
+        owner = ledger.claims(topic, table).owner
+        if owner is not None and owner != fingerprint(ledger.pipeline):
+            raise TableOwned(
+                f"{ledger.table_uri}: topic {topic} was handed over to another pipeline while pipeline "
+                f"{ledger.pipeline} was running; nothing was committed", table_uri=ledger.table_uri, topic=topic,
+            )
 
 
 def _version_of(ledger: Ledger, record: CommitRecord, read_version: int) -> int:
@@ -239,17 +244,17 @@ def _version_of(ledger: Ledger, record: CommitRecord, read_version: int) -> int:
     return version
 
 
-def _reached(current: Mapping[int, int | None], target: Mapping[int, int]) -> bool:
+def _reached(current: Mapping[KafkaPartition, int | None], target: Mapping[KafkaPartition, int]) -> bool:
     return all(current[p] is not None and current[p] >= v for p, v in target.items())
 
 
-def _moves(topic: str, expected, current, new_positions) -> str:
-    return ", ".join(f"{topic}/{p}: expected {expected[p]}, found {current[p]}, batch ends at {n}"
+def _moves(expected, current, new_positions) -> str:
+    return ", ".join(f"{p}: expected {expected[p]}, found {current[p]}, batch ends at {n}"
                      for p, n in sorted(new_positions.items()) if current[p] != expected[p])
 
 
-def already_committed(ledger: Ledger, current: Mapping[int, int | None],
-                      expected: Mapping[int, int | None], new_positions: Mapping[int, int]) -> bool:
+def already_committed(ledger: Ledger, current: Mapping[KafkaPartition, int | None],
+                      expected: Mapping[KafkaPartition, int | None], new_positions: Mapping[KafkaPartition, int]) -> bool:
     """True when the table's ``current`` positions already reach ``new_positions``; False when
     they are exactly the ``expected`` ones a commit builds on; CommitConflict otherwise."""
     if _reached(current, new_positions):
@@ -257,7 +262,7 @@ def already_committed(ledger: Ledger, current: Mapping[int, int | None],
     if any(current[p] != expected[p] for p in new_positions):
         raise CommitConflict(
             f"{ledger.table_uri}: positions of pipeline {ledger.pipeline} moved since this batch was read "
-            f"({_moves(ledger.topic, expected, current, new_positions)}); nothing was committed",
+            f"({_moves(expected, current, new_positions)}); nothing was committed",
             table_uri=ledger.table_uri, expected=dict(expected), found=dict(current),
         )
     return False

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Iterable, Literal, Mapping
 from urllib.parse import urlsplit
 
 import yaml
@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from .coordinates import KafkaPartition
 from .redaction import redact
 from .schema import PARTITIONABLE_TYPES, SchemaError, main_table_schema, parse_schema
 
@@ -45,23 +46,47 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class OffsetBound:
     """An offset per partition, as a user states it: ``earliest``, ``latest``, a record timestamp,
-    or explicit per-partition offsets. Used for where new partitions start and where a run ends."""
+    or explicit per-partition offsets. Used for where new partitions start and where a run ends.
+
+    Explicit offsets are keyed (topic, partition), as Spark's Kafka source takes them
+    (``{"orders": {"0": 42}}``); ``{"0": 42}`` is the short form for a pipeline of one topic, kept
+    with the topic None until ``for_topics`` knows the pipeline's topics."""
 
     kind: str  # "earliest" | "latest" | "timestamp" | "offsets"
     timestamp_ms: int | None = None
-    offsets: Mapping[int, int] = field(default_factory=dict)
+    offsets: Mapping[tuple[str | None, int], int] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.kind == "timestamp":
             return format_timestamp_ms(self.timestamp_ms)
         if self.kind == "offsets":
-            return json.dumps({str(p): o for p, o in sorted(self.offsets.items())})
+            if all(topic is None for topic, _ in self.offsets):
+                return json.dumps({str(p): o for (_, p), o in sorted(self.offsets.items())})
+            nested: dict[str, dict[str, int]] = {}
+            for (topic, p), o in sorted(self.offsets.items()):
+                nested.setdefault(topic, {})[str(p)] = o
+            return json.dumps(nested)
         return self.kind
+
+    def for_topics(self, topics: Iterable[str]) -> dict[KafkaPartition, int]:
+        """The explicit offsets by partition of ``topics``; the short form needs exactly one topic."""
+        topics = sorted(topics)
+        if any(topic is None for topic, _ in self.offsets) and len(topics) != 1:
+            raise ValueError(f"name the topic of each offset, like {{\"{topics[0] if topics else 'topic'}\": "
+                             f"{{\"0\": 42}}}}: the pipeline reads topics {', '.join(topics)}")
+        return {KafkaPartition(topic if topic is not None else topics[0], p): o for (topic, p), o in self.offsets.items()}
+
+    def only(self, topics: set[str]) -> "OffsetBound":
+        """The bound for ``topics`` alone: explicit offsets of other topics left out."""
+        if self.kind != "offsets":
+            return self
+        return OffsetBound("offsets", offsets={k: v for k, v in self.offsets.items() if k[0] is None or k[0] in topics})
 
     @classmethod
     def parse(cls, value: Any, allowed: tuple[str, ...] = ("earliest", "latest")) -> "OffsetBound":
         """From YAML or command-line text: a keyword, an ISO-8601 timestamp (or ``{timestamp: ...}``),
-        or ``{"0": 42, "1": 7}`` (a JSON string too). Raises ValueError naming the problem."""
+        ``{"orders": {"0": 42, "1": 7}}`` or, for one topic, ``{"0": 42, "1": 7}`` (JSON text too).
+        Raises ValueError naming the problem."""
         if isinstance(value, OffsetBound):
             return value
         if isinstance(value, str) and value.strip().startswith("{"):
@@ -80,11 +105,14 @@ class OffsetBound:
             except ValueError:
                 raise ValueError(expected) from None
         if isinstance(value, dict) and value:
+            nested = all(isinstance(v, dict) for v in value.values())
             try:
-                offsets = {int(p): int(o) for p, o in value.items()}
-            except (TypeError, ValueError) as exc:
-                raise ValueError("per-partition offsets must map partition numbers to offsets") from None
-            if any(p < 0 or o < 0 for p, o in offsets.items()):
+                offsets = ({(str(t), int(p)): int(o) for t, partitions in value.items() for p, o in partitions.items()}
+                           if nested else {(None, int(p)): int(o) for p, o in value.items()})
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError("offsets must map partition numbers to offsets, per topic "
+                                 '({"orders": {"0": 42}}) or for the one topic ({"0": 42})') from None
+            if not offsets or any(p < 0 or o < 0 for (_, p), o in offsets.items()):
                 raise ValueError("partitions and offsets must not be negative")
             return cls(kind="offsets", offsets=offsets)
         raise ValueError(f"{expected}, got {type(value).__name__}")
@@ -111,8 +139,12 @@ StartingOffsets = Annotated[
         {"type": "string", "format": "date-time", "description": "the first record at or after this time"},
         {"type": "object", "properties": {"timestamp": {"type": "string", "format": "date-time"}},
          "required": ["timestamp"], "additionalProperties": False},
-        {"type": "object", "description": "offset per partition number",
+        {"type": "object", "description": "offset per partition number (a pipeline of one topic)",
          "patternProperties": {"^[0-9]+$": {"type": "integer", "minimum": 0}}, "additionalProperties": False},
+        {"type": "object", "description": "offset per partition number, per topic",
+         "patternProperties": {r"^[A-Za-z0-9._-]+$": {
+             "type": "object", "patternProperties": {"^[0-9]+$": {"type": "integer", "minimum": 0}},
+             "additionalProperties": False}}, "additionalProperties": False},
     ]}),
 ]
 Positive = Annotated[StrictInt, Field(ge=1)]
@@ -140,14 +172,21 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+TopicName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+
+
 class Source(_Model):
-    """Where records come from: one topic of one cluster."""
+    """Where records come from: one topic, several, or every topic matching a pattern, of one cluster."""
 
     bootstrap_servers: StrictStr = Field(min_length=1)
-    topic: StrictStr = Field(min_length=1, pattern=r"\S")
+    topic: TopicName | None = None
+    topics: tuple[TopicName, ...] | None = Field(default=None, min_length=1)
+    topic_pattern: StrictStr | None = Field(
+        default=None, description="a regex the whole topic name matches (Spark's subscribePattern); "
+                                  "resolved again by every run, internal topics (__...) never match")
     starting_offsets: StartingOffsets = Field(
         default=OffsetBound("earliest"),
-        description="Where partitions without a position start; defaults to airflow.start_date when set.")
+        description="Where topics and partitions without a position start; defaults to airflow.start_date when set.")
     kafka_options: Options = Field(default_factory=dict, description="librdkafka settings; ${ENV} for secrets")
     # A read that makes no progress for this long fails, naming partition and position
     # (a broker that never answers with OFFSET_OUT_OF_RANGE would otherwise hang the job).
@@ -159,6 +198,39 @@ class Source(_Model):
         if "bootstrap.servers" in value:
             raise _error("bootstrap.servers", "set source.bootstrap_servers instead")
         return value
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> "Source":
+        given = [key for key in ("topic", "topics", "topic_pattern") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise _error("topic", "set exactly one of topic, topics and topic_pattern"
+                         + (f" (found {', '.join(given)})" if given else ""))
+        if self.topics is not None and len(set(self.topics)) != len(self.topics):
+            raise _error("topics", "names a topic twice")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise _error("topic_pattern", f"is not a valid regular expression: {exc}") from None
+        if self.topic is None and any(t is None for t, _ in self.starting_offsets.offsets):
+            raise _error("starting_offsets", 'name the topic of each offset ({"orders": {"0": 42}}): the pipeline '
+                                             "reads several topics")
+        return self
+
+    @property
+    def topic_names(self) -> tuple[str, ...] | None:
+        """The topics named in the config; None for a pattern (resolved by each run)."""
+        return (self.topic,) if self.topic is not None else self.topics
+
+    def subscribes(self, topic: str) -> bool:
+        if self.topic_pattern is None:
+            return topic in self.topic_names
+        return not topic.startswith("__") and re.fullmatch(self.topic_pattern, topic) is not None
+
+    def describe_subscription(self) -> str:
+        if self.topic_pattern is not None:
+            return f"topics matching {self.topic_pattern}"
+        return f"topic {self.topic}" if self.topic is not None else f"topics {', '.join(self.topics)}"
 
     def kafka_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client of this pipeline (secrets included)."""

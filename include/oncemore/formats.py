@@ -35,6 +35,9 @@ class SchemaAhead(Exception):
         super().__init__(message)
         self.index, self.schema_id = index, schema_id
 
+    def __reduce__(self):  # crosses from Spark's Python workers to the driver
+        return SchemaAhead, (self.index, self.schema_id, str(self))
+
 
 class ValueDecoder(Protocol):
     schema: pa.Schema

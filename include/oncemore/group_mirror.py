@@ -15,6 +15,7 @@ from typing import Mapping
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from .config import Pipeline
+from .coordinates import KafkaPartition
 from .kafka import CLIENT_LOG, consumer_config
 
 log = logging.getLogger("oncemore")
@@ -24,10 +25,9 @@ def group_id(pipeline: Pipeline) -> str:
     return f"oncemore.{pipeline.name}"
 
 
-def mirror_positions(pipeline: Pipeline, positions: Mapping[int, int], table_version: int) -> bool:
+def mirror_positions(pipeline: Pipeline, positions: Mapping[KafkaPartition, int], table_version: int) -> bool:
     """Commits ``positions`` (next offset to read, per partition) as the group's offsets, each
     with metadata naming the table version that holds it. True when the broker took them."""
-    topic = pipeline.source.topic
     consumer = Consumer({
         **consumer_config(pipeline), "group.id": group_id(pipeline), "logger": CLIENT_LOG,
         # A synchronous commit waits for the group coordinator up to the session timeout (45 s by
@@ -36,7 +36,7 @@ def mirror_positions(pipeline: Pipeline, positions: Mapping[int, int], table_ver
         "session.timeout.ms": str(max(int(pipeline.source.stall_timeout_seconds * 1000), 1000)),
     })
     try:
-        offsets = [TopicPartition(topic, p, offset, metadata=f"oncemore table version {table_version}")
+        offsets = [TopicPartition(p.topic, p.partition, offset, metadata=f"oncemore table version {table_version}")
                    for p, offset in sorted(positions.items())]
         # Synchronous: the group shows the positions once this returns. Never joins the group.
         failed = [tp for tp in consumer.commit(offsets=offsets, asynchronous=False) if tp.error is not None]
@@ -45,7 +45,7 @@ def mirror_positions(pipeline: Pipeline, positions: Mapping[int, int], table_ver
         return True
     except KafkaException as exc:
         log.warning("pipeline %s: could not mirror positions of %s (table version %d) to consumer group %s: %s; "
-                    "the table holds them, only lag tools lag", pipeline.name, topic, table_version,
+                    "the table holds them, only lag tools lag", pipeline.name, pipeline.source.describe_subscription(), table_version,
                     group_id(pipeline), exc.args[0] if exc.args else exc)
         return False
     finally:

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .config import Pipeline
+from .coordinates import KafkaPartition
 
 _POLL_SECONDS = 0.5
 # librdkafka's own log (connection retries, ...): through Python logging, not straight to stderr.
@@ -57,9 +58,15 @@ class TopicIdentity:
 
 
 @dataclass(frozen=True)
-class TopicState:
-    partitions: list[int]
-    identity: TopicIdentity
+class SourceState:
+    """The pipeline's topics as the cluster has them now: every partition, and each topic's identity."""
+
+    partitions: list[KafkaPartition]
+    identities: dict[str, TopicIdentity]
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted(self.identities)
 
 
 def _timeout(pipeline: Pipeline) -> float:
@@ -105,55 +112,62 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
     }
 
 
-def describe_topic(admin: AdminClient, pipeline: Pipeline) -> TopicState:
-    """The topic's partitions and identity. Fails if the topic does not exist."""
-    topic = pipeline.source.topic
+def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
+    """The partitions and identities of the pipeline's topics: the named ones (each must exist), or
+    those matching its pattern now (none is an error: a pattern that matches nothing is a typo
+    more often than an empty cluster)."""
+    source = pipeline.source
     try:
-        # All topics, not a named one: a named Metadata request may auto-create the topic
-        # (brokers with auto.create.topics.enable; librdkafka's admin handle allows it).
+        # All topics, not named ones: a named Metadata request may auto-create a topic (brokers
+        # with auto.create.topics.enable; librdkafka's admin handle allows it).
         metadata = admin.list_topics(timeout=_timeout(pipeline))
     except KafkaException as exc:
         raise KafkaSourceError(
-            f"pipeline {pipeline.name}: cannot reach Kafka at {pipeline.source.bootstrap_servers} within "
+            f"pipeline {pipeline.name}: cannot reach Kafka at {source.bootstrap_servers} within "
             f"{_timeout(pipeline):.0f}s (source.stall_timeout_seconds): {_why(admin, exc)}"
         ) from exc
-    topic_md = metadata.topics.get(topic)
-    if topic_md is None or topic_md.error is not None or not topic_md.partitions:
-        cause = "it does not exist" if topic_md is None else (topic_md.error.str() if topic_md.error else "no partitions")
-        raise KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: {cause}")
-    # DescribeTopics never auto-creates; it is asked only once the topic is known to exist.
-    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=_timeout(pipeline)).values()
-    try:
-        topic_id = str(future.result().topic_id)
-    except KafkaException as exc:
-        raise KafkaSourceError(f"pipeline {pipeline.name}: cannot describe topic {topic!r}: {_why(admin, exc)}") from exc
-    identity = TopicIdentity(
-        topic_id=None if topic_id in ("", _NO_TOPIC_ID) else topic_id,
-        cluster_id=metadata.cluster_id or None,
-    )
-    return TopicState(sorted(topic_md.partitions), identity)
+    topics = source.topic_names or sorted(t for t in metadata.topics if source.subscribes(t))
+    if not topics:
+        raise KafkaSourceError(f"pipeline {pipeline.name}: no topic matches {source.topic_pattern!r} "
+                               f"(the cluster has {len(metadata.topics)} topics)")
+    for topic in topics:
+        topic_md = metadata.topics.get(topic)
+        if topic_md is None or topic_md.error is not None or not topic_md.partitions:
+            cause = "it does not exist" if topic_md is None else (topic_md.error.str() if topic_md.error else "no partitions")
+            raise KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: {cause}")
+    # DescribeTopics never auto-creates; it is asked only once the topics are known to exist.
+    futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=_timeout(pipeline))
+    identities = {}
+    for topic, future in futures.items():
+        try:
+            topic_id = str(future.result().topic_id)
+        except KafkaException as exc:
+            raise KafkaSourceError(f"pipeline {pipeline.name}: cannot describe topic {topic!r}: {_why(admin, exc)}") from exc
+        identities[topic] = TopicIdentity(topic_id=None if topic_id in ("", _NO_TOPIC_ID) else topic_id,
+                                          cluster_id=metadata.cluster_id or None)
+    partitions = sorted(KafkaPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
+    return SourceState(partitions, identities)
 
 
-def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[int, OffsetSpec]) -> dict[int, int]:
+def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[KafkaPartition, OffsetSpec]) -> dict[KafkaPartition, int]:
     if not specs:
         return {}
-    topic = pipeline.source.topic
-    request = {TopicPartition(topic, p): spec for p, spec in specs.items()}
+    request = {TopicPartition(key.topic, key.partition): spec for key, spec in specs.items()}
     futures = admin.list_offsets(
         request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_timeout(pipeline)
     )
     result = {}
     for tp, future in futures.items():
         try:
-            result[tp.partition] = future.result().offset
+            result[KafkaPartition(tp.topic, tp.partition)] = future.result().offset
         except KafkaException as exc:
             raise KafkaSourceError(
-                f"pipeline {pipeline.name}: ListOffsets failed for {topic}/{tp.partition}: {_why(admin, exc)}"
+                f"pipeline {pipeline.name}: ListOffsets failed for {tp.topic}/{tp.partition}: {_why(admin, exc)}"
             ) from exc
     return result
 
 
-def log_bounds(admin: AdminClient, pipeline: Pipeline, partitions: Iterable[int]) -> dict[int, PartitionBounds]:
+def log_bounds(admin: AdminClient, pipeline: Pipeline, partitions: Iterable[KafkaPartition]) -> dict[KafkaPartition, PartitionBounds]:
     partitions = list(partitions)
     earliest = _list_offsets(admin, pipeline, {p: OffsetSpec.earliest() for p in partitions})
     latest = _list_offsets(admin, pipeline, {p: OffsetSpec.latest() for p in partitions})
@@ -161,8 +175,8 @@ def log_bounds(admin: AdminClient, pipeline: Pipeline, partitions: Iterable[int]
 
 
 def offsets_for_timestamp(
-    admin: AdminClient, pipeline: Pipeline, timestamp_ms: int, partitions: Iterable[int]
-) -> dict[int, int | None]:
+    admin: AdminClient, pipeline: Pipeline, timestamp_ms: int, partitions: Iterable[KafkaPartition]
+) -> dict[KafkaPartition, int | None]:
     """Kafka's answer per partition: the first offset at or after ``timestamp_ms`` below the last
     stable offset, *transaction markers included* (they carry the broker's clock); None where
     there is none. ``bounds.resolve`` turns this into the first data record by reading."""

@@ -6,11 +6,12 @@ Format (a contract; the CLI, Airflow's report task, the UI and other tools read 
   re-states the position of *every* partition the pipeline holds, moved or not, so that
   ``delta.setTransactionRetentionDuration`` can only expire the positions of a pipeline that
   has not committed for that long (delta-rs drops expired txns when it reads a snapshot);
-- the commit's commitInfo carries a CommitRecord as JSON under the key ``oncemore``: the batch
-  (ranges, records, gaps, the log end it planned to and how long it took) or a deliberate reset
-  (old and new positions), and the topic ID and cluster ID the offsets refer to.
-Positions come from the snapshot's txn actions (kept by checkpoints), never from a history scan;
-only the identity check and reports read recent history, newest first and bounded.
+- beside them, in the same commit, what they refer to and whose they are (``Claims``): per topic
+  ``oncemore/<pipeline>/<topic>/@topic_id`` and ``.../@cluster_id``, fingerprints of the IDs, and
+  ``oncemore/@owner/<topic>``, the fingerprint of the pipeline that ingests the topic here;
+- the commit's commitInfo carries a CommitRecord (commitrecord.py).
+Positions and claims come from the snapshot's txn actions (kept by checkpoints), never from a
+history scan; reports read recent history, newest first and bounded.
 """
 
 from __future__ import annotations
@@ -18,20 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 
-from . import __version__
+from .commitrecord import METADATA_KEY, CommitEntry, CommitRecord
+from .coordinates import KafkaPartition
 
-METADATA_KEY = "oncemore"
-# 2: topic, topic_id, cluster_id, bytes_read and reset added; 3: log_end and duration_ms added;
-# 4: the commit also states the identity and owner txns (Claims). Older records still read
-# (their lag and duration are unknown).
-FORMAT_VERSION = 4
-# Commits read back when looking for this pipeline's newest commit (its identity).
+# Commits read back when looking for this pipeline's newest commit (to name IDs in an error).
 RECENT_HISTORY = 100
 
 
@@ -62,79 +59,13 @@ NO_ID = 0
 
 @dataclass(frozen=True)
 class Claims:
-    """What a snapshot says its positions belong to, as fingerprints (None: not recorded; tables
-    whose commits predate format 4 carry their identity only in commit records)."""
+    """What a snapshot says a topic's positions belong to, as fingerprints (None: not recorded, as
+    in tables whose commits predate format 4, which carry their identity only in commit records;
+    NO_ID: the broker reported none)."""
 
     topic_id: int | None
     cluster_id: int | None
     owner: int | None
-
-
-@dataclass(frozen=True)
-class Gap:
-    """Offsets skipped because the log no longer held them (fail_on_data_loss: false)."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class Reset:
-    """A deliberate move of positions (``oncemore reset``): from where to where, per partition."""
-
-    from_positions: Mapping[str, int | None]
-    to_positions: Mapping[str, int]
-    to: str  # the bound as the user stated it
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    """What one oncemore commit did, as stored in its metadata."""
-
-    pipeline: str
-    run_id: str
-    batch_seq: int = 0
-    until: str | None = None
-    ranges: Mapping[str, Mapping[str, list[int]]] = field(default_factory=dict)  # {topic: {partition: [start, end]}}
-    records: Mapping[str, int] = field(default_factory=lambda: {"written": 0, "quarantined": 0})
-    gaps: list[Gap] = field(default_factory=list)
-    topic: str | None = None
-    topic_id: str | None = None
-    cluster_id: str | None = None
-    bytes_read: int = 0
-    log_end: Mapping[str, int] = field(default_factory=dict)  # {partition: last stable offset when planned}
-    duration_ms: int = 0  # reading, writing and committing this batch
-    reset: Reset | None = None
-    format_version: int = FORMAT_VERSION
-    oncemore_version: str = __version__
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    def lag(self) -> dict[int, int]:
-        """Records each partition of the batch was behind its log end (as planned) once committed."""
-        ranges = self.ranges.get(self.topic, {}) if self.topic else {}
-        return {int(p): max(self.log_end[p] - end, 0) for p, (_, end) in ranges.items() if p in self.log_end}
-
-    @classmethod
-    def from_json(cls, text: str) -> "CommitRecord":
-        data = json.loads(text)
-        data["gaps"] = [Gap(**g) for g in data.get("gaps", [])]
-        if data.get("reset"):
-            data["reset"] = Reset(**data["reset"])
-        if data.get("topic") is None and data.get("ranges"):  # format 1 named the topic only in ranges
-            data["topic"] = next(iter(data["ranges"]))
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass(frozen=True)
-class CommitEntry:
-    version: int
-    timestamp_ms: int
-    record: CommitRecord
 
 
 def open_table(table_uri: str, storage_options: Mapping[str, str] | None = None) -> DeltaTable | None:
@@ -146,15 +77,15 @@ def open_table(table_uri: str, storage_options: Mapping[str, str] | None = None)
 
 
 class Ledger:
-    """Positions, claims and commit history of one pipeline and topic in one Delta table.
+    """Positions, claims and commit history of one pipeline in one Delta table.
 
     The table's snapshot is loaded once and then brought up to date incrementally (``snapshot()``);
     txn lookups are remembered per snapshot version, and history per commit version, so asking
     the same question twice reads nothing twice (each delta-rs lookup replays the log).
     """
 
-    def __init__(self, table_uri: str, pipeline: str, topic: str, storage_options: Mapping[str, str] | None = None):
-        self.table_uri, self.pipeline, self.topic = table_uri, pipeline, topic
+    def __init__(self, table_uri: str, pipeline: str, storage_options: Mapping[str, str] | None = None):
+        self.table_uri, self.pipeline = table_uri, pipeline
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
         self._txns: tuple[int, dict[str, int | None]] = (-1, {})  # the lookups of one snapshot version
@@ -178,7 +109,7 @@ class Ledger:
             known[app] = table.transaction_version(app)
         return known[app]
 
-    def positions(self, partitions: Iterable[int], table: DeltaTable | None = None) -> dict[int, int | None]:
+    def positions(self, partitions: Iterable[KafkaPartition], table: DeltaTable | None = None) -> dict[KafkaPartition, int | None]:
         """Next offset to read per partition; None where nothing was committed yet.
 
         Pass ``table`` to read the positions of exactly that snapshot (the commit re-check does);
@@ -187,33 +118,34 @@ class Ledger:
         table = table if table is not None else self.snapshot()
         if table is None:
             return {p: None for p in partitions}
-        return {p: self._txn(table, app_id(self.pipeline, self.topic, p)) for p in partitions}
+        return {p: self._txn(table, app_id(self.pipeline, p.topic, p.partition)) for p in partitions}
 
-    def claims(self, table: DeltaTable | None = None) -> Claims:
-        """The identity and owner fingerprints ``table`` (default: the latest snapshot) holds."""
+    def claims(self, topic: str, table: DeltaTable | None = None) -> Claims:
+        """The identity and owner fingerprints of ``topic`` that ``table`` (default: the latest snapshot) holds."""
         table = table if table is not None else self.snapshot()
         if table is None:
             return Claims(None, None, None)
-        return Claims(topic_id=self._txn(table, identity_app_id(self.pipeline, self.topic, "topic_id")),
-                      cluster_id=self._txn(table, identity_app_id(self.pipeline, self.topic, "cluster_id")),
-                      owner=self._txn(table, owner_app_id(self.topic)))
+        return Claims(topic_id=self._txn(table, identity_app_id(self.pipeline, topic, "topic_id")),
+                      cluster_id=self._txn(table, identity_app_id(self.pipeline, topic, "cluster_id")),
+                      owner=self._txn(table, owner_app_id(topic)))
 
-    def transactions(self, new_positions: Mapping[int, int], partitions: Iterable[int], table: DeltaTable,
-                     record: "CommitRecord") -> list[Transaction]:
-        """The txn actions of a commit on ``table``'s snapshot: ``new_positions``, every other
-        partition's held position re-stated, the topic and cluster the offsets refer to (the
-        record's, else the held ones) and this pipeline as the topic's owner; all stamped now, so
+    def transactions(self, new_positions: Mapping[KafkaPartition, int], partitions: Iterable[KafkaPartition],
+                     table: DeltaTable, record: CommitRecord) -> list[Transaction]:
+        """The txn actions of a commit on ``table``'s snapshot: ``new_positions``, every other of
+        ``partitions``' held position re-stated, per topic the topic and cluster the offsets refer
+        to (the record's, else the held ones) and this pipeline as its owner; all stamped now, so
         none expires while the pipeline runs."""
         now_ms = int(time.time() * 1000)
         held = {p: v for p, v in self.positions(set(partitions) - set(new_positions), table).items() if v is not None}
-        actions = [Transaction(app_id(self.pipeline, self.topic, p), v, now_ms)
-                   for p, v in sorted({**held, **new_positions}.items())]
-        claims = self.claims(table)
-        for what, stated, kept in (("topic_id", record.topic_id, claims.topic_id),
-                                   ("cluster_id", record.cluster_id, claims.cluster_id)):
-            value = fingerprint(stated) if stated else kept if kept is not None else NO_ID
-            actions.append(Transaction(identity_app_id(self.pipeline, self.topic, what), value, now_ms))
-        actions.append(Transaction(owner_app_id(self.topic), fingerprint(self.pipeline), now_ms))
+        positions = {**held, **new_positions}
+        actions = [Transaction(app_id(self.pipeline, p.topic, p.partition), v, now_ms) for p, v in sorted(positions.items())]
+        for topic in sorted({p.topic for p in positions}):
+            claims = self.claims(topic, table)
+            for what, stated, kept in (("topic_id", record.topic_ids.get(topic), claims.topic_id),
+                                       ("cluster_id", record.cluster_id, claims.cluster_id)):
+                value = fingerprint(stated) if stated else kept if kept is not None else NO_ID
+                actions.append(Transaction(identity_app_id(self.pipeline, topic, what), value, now_ms))
+            actions.append(Transaction(owner_app_id(topic), fingerprint(self.pipeline), now_ms))
         return actions
 
     def _commits(self, limit: int | None, table: DeltaTable) -> list[tuple[int, int, CommitRecord | None]]:
@@ -242,20 +174,18 @@ class Ledger:
         return [CommitEntry(v, t, r) for v, t, r in self._commits(limit, table) if r is not None]
 
     def recent_batches(self, limit: int | None = 20, table: DeltaTable | None = None) -> list[CommitEntry]:
-        """This pipeline's commits on this topic among the last ``limit`` commits, newest first."""
-        return [e for e in self.recent_commits(limit, table)
-                if e.record.pipeline == self.pipeline and e.record.topic == self.topic]
+        """This pipeline's commits among the last ``limit`` commits, newest first."""
+        return [e for e in self.recent_commits(limit, table) if e.record.pipeline == self.pipeline]
 
-    def last_commit(self, table: DeltaTable | None = None, limit: int | None = RECENT_HISTORY) -> CommitEntry | None:
-        """This pipeline's newest commit within the last ``limit`` commits (None: the whole log)."""
-        batches = self.recent_batches(limit, table)
-        return batches[0] if batches else None
+    def last_commit(self, topic: str, table: DeltaTable | None = None, limit: int | None = RECENT_HISTORY) -> CommitEntry | None:
+        """This pipeline's newest commit on ``topic`` within the last ``limit`` commits (None: the whole log)."""
+        return next((e for e in self.recent_batches(limit, table) if topic in e.record.topics), None)
 
     def find_commit(self, record: CommitRecord, after_version: int, table: DeltaTable) -> int | None:
         """The version of the commit carrying ``record`` among all versions after ``after_version``
         (a commit of ours is recognised by its record: run ID, batch, ranges and the rest)."""
         for version, _, found in self._commits(table.version() - after_version, table):
-            if version > after_version and found == record:
+            if version > after_version and found is not None and found.to_json() == record.to_json():
                 return version
         return None
 

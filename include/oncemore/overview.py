@@ -37,12 +37,12 @@ _LEDGERS_LOCK = threading.Lock()
 
 
 def _ledgers(pipeline: Pipeline) -> tuple[Ledger, Ledger, threading.Lock]:
-    sink, topic = pipeline.sink, pipeline.source.topic
-    key = (pipeline.name, topic, sink.table_uri, sink.quarantine_uri, tuple(sorted(sink.storage_options.items())))
+    sink = pipeline.sink
+    key = (pipeline.name, sink.table_uri, sink.quarantine_uri, tuple(sorted(sink.storage_options.items())))
     with _LEDGERS_LOCK:
         if key not in _LEDGERS:
-            _LEDGERS[key] = (Ledger(sink.table_uri, pipeline.name, topic, sink.storage_options),
-                             Ledger(sink.quarantine_uri, pipeline.name, topic, sink.storage_options), threading.Lock())
+            _LEDGERS[key] = (Ledger(sink.table_uri, pipeline.name, sink.storage_options),
+                             Ledger(sink.quarantine_uri, pipeline.name, sink.storage_options), threading.Lock())
         return _LEDGERS[key]
 
 
@@ -96,9 +96,9 @@ def quarantine_sample(pipeline: Pipeline, quarantine: Ledger, limit: int = QUARA
         return []
     fs, root = filesystem(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
     rows = ds.dataset([f"{root}/{path}" for _, path in newest], filesystem=fs, format="parquet").to_table(
-        columns=["_kafka_partition", "_kafka_offset", "error", "value"])
+        columns=["_kafka_topic", "_kafka_partition", "_kafka_offset", "error", "value"])
     rows = rows.take(pc.sort_indices(rows, [("_kafka_offset", "descending")])[:limit]).to_pylist()
-    return [{"partition": r["_kafka_partition"], "offset": r["_kafka_offset"], "error": r["error"],
+    return [{"topic": r["_kafka_topic"], "partition": r["_kafka_partition"], "offset": r["_kafka_offset"], "error": r["error"],
              "value_head": _head(r["value"])} for r in rows]
 
 
@@ -115,7 +115,7 @@ def _batch(entry: CommitEntry) -> dict[str, Any]:
     return {
         "version": entry.version, "time": format_timestamp_ms(entry.timestamp_ms), "run_id": record.run_id,
         "batch_seq": record.batch_seq,
-        "ranges": {p: list(r) for p, r in sorted(record.ranges.get(record.topic, {}).items(), key=lambda i: int(i[0]))},
+        "ranges": {str(p): list(r) for p, r in sorted(record.partition_ranges().items())},
         "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
         "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
         "reset": record.reset is not None,

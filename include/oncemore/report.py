@@ -10,8 +10,10 @@ from typing import Any, Sequence
 from . import kafka
 from .bounds import first_matching
 from .config import Pipeline, format_timestamp_ms
+from .commitrecord import CommitEntry
+from .coordinates import KafkaPartition
 from .errors import OncemoreError
-from .ledger import CommitEntry, Ledger
+from .ledger import Ledger
 from .planner import Plan
 
 # Commits of recent history searched for each partition's last commit.
@@ -33,21 +35,21 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
     yet ingested) and the partition's last commit among ``recent`` (this pipeline's recent
     batches, newest first; read from the table when not given). ``main`` and ``quarantine``: the
     tables' ledgers when the caller keeps them (their snapshots are then only updated)."""
-    topic, options = pipeline.source.topic, pipeline.sink.storage_options
+    options = pipeline.sink.storage_options
     admin = kafka.admin_client(pipeline)
-    state = kafka.describe_topic(admin, pipeline)
+    state = kafka.describe_source(admin, pipeline)
     bounds = kafka.log_bounds(admin, pipeline, state.partitions)
-    main = main or Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
-    quarantine = quarantine or Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
+    main = main or Ledger(pipeline.sink.table_uri, pipeline.name, options)
+    quarantine = quarantine or Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
     table = main.snapshot()
     positions = main.positions(state.partitions, table)
     quarantine_positions = quarantine.positions(state.partitions)
     if recent is None:
         recent = main.recent_batches(STATUS_HISTORY, table)
-    last_commit: dict[int, CommitEntry] = {}
+    last_commit: dict[KafkaPartition, CommitEntry] = {}
     for entry in recent:
-        for partition in entry.record.ranges.get(topic, {}):
-            last_commit.setdefault(int(partition), entry)
+        for partition in entry.record.partition_ranges():
+            last_commit.setdefault(partition, entry)
     starts = {p: positions[p] if positions[p] is not None else bounds[p].earliest for p in state.partitions}
     unread = first_matching(pipeline, {p: (starts[p], bounds[p].latest) for p in state.partitions
                                        if starts[p] < bounds[p].latest}, lambda _stamp: True)
@@ -56,7 +58,8 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
     for p in state.partitions:
         first_unread = unread.get(p)
         rows.append({
-            "partition": p,
+            "topic": p.topic,
+            "partition": p.partition,
             "position": positions[p],
             "quarantine_position": quarantine_positions[p],
             "log_start": bounds[p].earliest,
@@ -66,7 +69,8 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
             "last_commit": format_timestamp_ms(last_commit[p].timestamp_ms) if p in last_commit else None,
             "last_commit_version": last_commit[p].version if p in last_commit else None,
         })
-    return {"pipeline": pipeline.name, "topic": topic, "topic_id": state.identity.topic_id,
+    return {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
+            "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
             "partitions": rows}
 
@@ -74,14 +78,14 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
 def check_freshness(pipeline: Pipeline, partitions: Sequence[dict[str, Any]]) -> None:
     """Raises FreshnessAlert naming every partition (rows of ``status``) beyond the pipeline's
     ``alert`` limits."""
-    limits, topic = pipeline.alert, pipeline.source.topic
+    limits = pipeline.alert
     beyond = []
     for row in partitions:
         if limits.max_lag_records is not None and row["lag"] > limits.max_lag_records:
-            beyond.append(f"{topic}/{row['partition']}: {row['lag']} records behind (limit "
+            beyond.append(f"{row['topic']}/{row['partition']}: {row['lag']} records behind (limit "
                           f"{limits.max_lag_records}, position {_position(row)}, log end {row['log_end']})")
         if limits.max_lag_minutes is not None and row["lag_seconds"] > limits.max_lag_minutes * 60:
-            beyond.append(f"{topic}/{row['partition']}: oldest record not ingested is "
+            beyond.append(f"{row['topic']}/{row['partition']}: oldest record not ingested is "
                           f"{row['lag_seconds'] / 60:.1f} minutes old (limit {limits.max_lag_minutes:g}, position "
                           f"{_position(row)})")
     if beyond:
@@ -93,8 +97,8 @@ def _position(row: dict[str, Any]) -> str:
 
 
 def format_status(data: dict[str, Any]) -> str:
-    lines = [f"pipeline {data['pipeline']}: topic {data['topic']} -> {data['table_uri']}"]
-    header = ("partition", "position", "log_start", "log_end", "lag", "lag_seconds", "last_commit")
+    lines = [f"pipeline {data['pipeline']}: topics {', '.join(data['topics'])} -> {data['table_uri']}"]
+    header = ("topic", "partition", "position", "log_start", "log_end", "lag", "lag_seconds", "last_commit")
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:
         lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))
@@ -106,14 +110,14 @@ def verify_run(pipeline: Pipeline, plan: Plan, run_id: str) -> dict[str, Any]:
 
     Raises RunNotCommitted otherwise: a run that reports success must have its commits in the log
     (or find that another run committed the same range)."""
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic, pipeline.sink.storage_options)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
     planned_ends = plan.ends()
     positions = ledger.positions(planned_ends)
     short = {p: (positions[p], end) for p, end in planned_ends.items() if positions[p] is None or positions[p] < end}
     if short:
-        detail = ", ".join(f"{plan.topic}/{p}: position {pos}, planned end {end}" for p, (pos, end) in sorted(short.items()))
+        detail = ", ".join(f"{p}: position {pos}, planned end {end}" for p, (pos, end) in sorted(short.items()))
         raise RunNotCommitted(f"pipeline {pipeline.name}: run {run_id} planned ranges the table does not hold ({detail})",
-                              pipeline=pipeline.name, topic=plan.topic, short=short)
+                              pipeline=pipeline.name, short={str(p): v for p, v in short.items()})
     # A batch cut by byte budgets takes several commits; look back far enough for all of them.
     commits = [e for e in ledger.recent_batches(limit=4 * len(plan.batches) + 50) if e.record.run_id == run_id]
     return {
@@ -124,6 +128,7 @@ def verify_run(pipeline: Pipeline, plan: Plan, run_id: str) -> dict[str, Any]:
         "records": {
             "written": sum(e.record.records["written"] for e in commits),
             "quarantined": sum(e.record.records["quarantined"] for e in commits),
+            "filtered": sum(e.record.records.get("filtered", 0) for e in commits),
         },
         "partitions": status(pipeline)["partitions"],
     }

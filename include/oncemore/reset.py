@@ -14,9 +14,11 @@ from typing import Any
 from . import bounds, kafka
 from .committer import commit_positions, ensure_tables
 from .config import OffsetBound, Pipeline
+from .commitrecord import CommitRecord, Reset
+from .continuity import check_owner
+from .coordinates import nested
 from .errors import PlanError
-from .ledger import CommitRecord, Ledger, Reset
-from .planner import check_owner
+from .ledger import Ledger
 
 
 def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False) -> dict[str, Any]:
@@ -29,23 +31,24 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     ingests it: the reset commits make this pipeline the owner, and the other one's runs are
     refused from then on."""
     admin = kafka.admin_client(pipeline)
-    state = kafka.describe_topic(admin, pipeline)
+    state = kafka.describe_source(admin, pipeline)
     log = kafka.log_bounds(admin, pipeline, state.partitions)
-    topic, options = pipeline.source.topic, pipeline.sink.storage_options
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
-    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
-    check_owner(pipeline, main, main.snapshot(), take_over)
+    options = pipeline.sink.storage_options
+    main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
+    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
+    for topic in state.topics:
+        check_owner(pipeline, main, main.snapshot(), topic, take_over)
     before = main.positions(state.partitions)
     unnamed = {p: before[p] if before[p] is not None else log[p].earliest for p in log}
     target = bounds.resolve(admin, pipeline, to, log, range_starts={p: None for p in log}, default=unnamed)
     for partition, offset in sorted(target.items()):
         if not log[partition].earliest <= offset <= log[partition].latest:
             raise PlanError(
-                f"pipeline {pipeline.name}: {topic}/{partition}: cannot reset to offset {offset}, outside the log "
+                f"pipeline {pipeline.name}: {partition}: cannot reset to offset {offset}, outside the log "
                 f"[{log[partition].earliest}, {log[partition].latest}]",
-                pipeline=pipeline.name, topic=topic, partition=partition, offset=offset,
+                pipeline=pipeline.name, topic=partition.topic, partition=partition.partition, offset=offset,
             )
-    named = set(to.offsets) if to.kind == "offsets" else set(log)
+    named = set(to.for_topics(state.topics)) if to.kind == "offsets" else set(log)
     quarantine_before = quarantine.positions(state.partitions)
     quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
     ensure_tables(pipeline)
@@ -56,10 +59,10 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     for ledger, was, now in ((main, before, target), (quarantine, quarantine_before, quarantine_target)):
         moved = {p: v for p, v in now.items() if v is not None}
         record = CommitRecord(
-            pipeline=pipeline.name, run_id=run_id, until=to.describe(), topic=topic,
-            topic_id=state.identity.topic_id, cluster_id=state.identity.cluster_id,
-            reset=Reset(from_positions={str(p): v for p, v in sorted(was.items())},
-                        to_positions={str(p): v for p, v in sorted(moved.items())}, to=to.describe()),
+            pipeline=pipeline.name, run_id=run_id, until=to.describe(),
+            topic_ids={t: i.topic_id for t, i in sorted(state.identities.items())},
+            cluster_id=next(iter(state.identities.values())).cluster_id,
+            reset=Reset(from_positions=nested(was), to_positions=nested(moved), to=to.describe()),
         )
         versions[ledger.table_uri] = commit_positions(ledger, moved, record, take_over)
-    return {"pipeline": pipeline.name, "topic": topic, "from": before, "to": target, "versions": versions}
+    return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": versions}

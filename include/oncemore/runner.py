@@ -23,12 +23,14 @@ from .config import OffsetBound, Pipeline
 from .errors import CommitConflict, StalePlan, TaskFailed, TopicChanged, root_cause
 from .group_mirror import mirror_positions
 from .kafka import consumer_config
-from .ledger import CommitRecord, Ledger
+from .commitrecord import CommitRecord
+from .coordinates import KafkaPartition, by_text, nested
+from .ledger import Ledger
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
 from .progress import Progress
 from .schema import QUARANTINE_SCHEMA
 from .storage import table_location
-from .writer import TaskResult, TaskSpec, task_result
+from .writer import RangeResult, TaskSpec
 
 log = logging.getLogger("oncemore")
 
@@ -36,7 +38,7 @@ log = logging.getLogger("oncemore")
 @dataclass
 class BatchReport:
     seq: int
-    ranges: dict[int, tuple[int, int]]
+    ranges: dict[KafkaPartition, tuple[int, int]]
     status: str = "already_committed"  # "committed" once one of its commits is ours
     written: int = 0
     quarantined: int = 0
@@ -75,18 +77,22 @@ class RunReport:
         )
 
 
+def _ranges(batch: Batch) -> dict[KafkaPartition, tuple[int, int]]:
+    return {r.key: (r.start, r.end) for r in batch.ranges}
+
+
 class _Run:
     """The state of one run: the pipeline's two ledgers, the Spark session once needed, and what
     this run has learned of its partitions' record sizes."""
 
     def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object]):
         self.pipeline, self.plan, self.run_id = pipeline, plan, run_id
-        topic, options = pipeline.source.topic, pipeline.sink.storage_options
-        self.main = Ledger(pipeline.sink.table_uri, pipeline.name, topic, options)
-        self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, topic, options)
-        self.where = f"pipeline {pipeline.name}: {topic}"
+        options = pipeline.sink.storage_options
+        self.main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
+        self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
+        self.where = f"pipeline {pipeline.name}"
         self._spark_factory, self._spark = spark_factory, None
-        self.bytes_per_offset: dict[int, float] = {}
+        self.bytes_per_offset: dict[KafkaPartition, float] = {}
         self.progress: Progress | None = None
 
     @property
@@ -98,15 +104,15 @@ class _Run:
     def holds(self, batch: Batch) -> bool:
         """The table already holds the whole batch (a retry or rerun of finished work)."""
         positions = self.main.positions(batch.expected_positions)
-        return all(positions[r.partition] is not None and positions[r.partition] >= r.end for r in batch.ranges)
+        return all(positions[r.key] is not None and positions[r.key] >= r.end for r in batch.ranges)
 
     def offsets_left(self, batches: list[Batch]) -> int:
         """Offsets of ``batches`` the table does not hold yet."""
         positions = self.main.positions(self.plan.ends())
-        return sum(max(r.end - max(r.start, positions[r.partition] or 0), 0) for b in batches for r in b.ranges)
+        return sum(max(r.end - max(r.start, positions[r.key] or 0), 0) for b in batches for r in b.ranges)
 
     def ingest(self, batch: Batch) -> BatchReport:
-        report = BatchReport(batch.seq, {r.partition: (r.start, r.end) for r in batch.ranges})
+        report = BatchReport(batch.seq, _ranges(batch))
         partitions = sorted(self.plan.bounds)
         while True:
             positions = self.main.positions(batch.expected_positions)
@@ -119,10 +125,11 @@ class _Run:
             # would go round forever.
             if (self.main.positions(batch.expected_positions) == positions
                     and self.quarantine.positions(left) == quarantine_before):
-                raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {positions}",
-                                     positions=positions)
+                raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {by_text(positions)}",
+                                     positions=by_text(positions))
 
-    def _ingest_part(self, batch: Batch, positions, left: dict[int, OffsetRange], partitions, report: BatchReport) -> None:
+    def _ingest_part(self, batch: Batch, positions, left: dict[KafkaPartition, OffsetRange], partitions,
+                     report: BatchReport) -> None:
         """Reads what is left of the batch (up to the byte budgets) and commits what was read."""
         pipeline = self.pipeline
         started = time.monotonic()
@@ -143,20 +150,21 @@ class _Run:
         validate_files(pipeline.sink.table_uri, main_files, pipeline.table_schema(), pipeline.sink.partition_by, read, options)
         validate_files(pipeline.sink.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, options)
         written = sum(f.num_records for f in main_files)
-        quarantined = sum(f.num_records for f in quarantine_files)
+        quarantined = sum(r.quarantined for r in kept)
         record = CommitRecord(
             pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=self.plan.until,
-            ranges={pipeline.source.topic: {str(p): [s, e] for p, (s, e) in sorted(read.items())}},
-            records={"written": written, "quarantined": quarantined},
-            gaps=[g for g in batch.gaps if positions.get(g.partition) == g.start],
-            topic=pipeline.source.topic, topic_id=self.plan.identity.topic_id,
-            cluster_id=self.plan.identity.cluster_id, bytes_read=sum(r.bytes_read for r in kept),
-            log_end={str(p): self.plan.bounds[p].latest for p in sorted(read) if p in self.plan.bounds},
+            ranges=nested({p: [s, e] for p, (s, e) in read.items()}),
+            records={"written": written, "quarantined": quarantined, "filtered": sum(r.records for r in kept) - written - quarantined},
+            gaps=[g for g in batch.gaps if positions.get(KafkaPartition(g.topic, g.partition)) == g.start],
+            topic_ids={t: self.plan.identities[t].topic_id for t in sorted({p.topic for p in read})},
+            cluster_id=next(iter(self.plan.identities.values())).cluster_id if self.plan.identities else None,
+            bytes_read=sum(r.bytes_read for r in kept),
+            log_end=nested({p: self.plan.bounds[p].latest for p in read if p in self.plan.bounds}),
             duration_ms=int((time.monotonic() - started) * 1000),
         )
         new_positions = {p: e for p, (_, e) in read.items()}
         if quarantine_files:
-            touched = {f.kafka_partition for f in quarantine_files}
+            touched = {KafkaPartition.parse(key) for f in quarantine_files for key in f.offsets}
             outcome = self._commit(self.quarantine, quarantine_files, {p: quarantine_positions[p] for p in touched},
                                    {p: new_positions[p] for p in touched}, partitions, record)
             if outcome.version is not None:
@@ -168,7 +176,7 @@ class _Run:
             if short:
                 log.warning("%s: the quarantine table holds %s, not the ends %s this part reached; its main "
                             "commit waits, the batch goes round from the positions as they are", self.where,
-                            short, {p: new_positions[p] for p in short})
+                            by_text(short), by_text({p: new_positions[p] for p in short}))
                 delete_files(self.main.table_uri, main_files, self.main.storage_options)  # never offered to a commit
                 return
         outcome = self._commit(self.main, main_files, {p: positions[p] for p in left}, new_positions, partitions, record)
@@ -181,7 +189,7 @@ class _Run:
                 held = self.main.positions(partitions)
                 mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
         log.info("%s: batch %d %s %s (%d written, %d quarantined)", pipeline.name, batch.seq, outcome.status,
-                 {p: list(r) for p, r in read.items()}, written, quarantined)
+                 ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), written, quarantined)
         ours = outcome.status == "committed"
         self.progress.advance(batch.seq, sum(e - s for s, e in read.values()),
                               written + quarantined if ours else 0, record.bytes_read if ours else 0)
@@ -209,12 +217,12 @@ class _Run:
         for table_name, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
             delete_files(uri, [f for f in files if f.table == table_name], pipeline.sink.storage_options)
 
-    def _learn_sizes(self, results: list[TaskResult]) -> None:
+    def _learn_sizes(self, results: list[RangeResult]) -> None:
         for result in results:
             if result.reached > result.start and result.bytes_read:
-                self.bytes_per_offset[result.kafka_partition] = result.bytes_read / (result.reached - result.start)
+                self.bytes_per_offset[result.key] = result.bytes_read / (result.reached - result.start)
 
-    def _write_files(self, tasks, budget: int, floors: dict[int, int]) -> list[TaskResult]:
+    def _write_files(self, tasks: list[OffsetRange], budget: int, floors: dict[KafkaPartition, int]) -> list[RangeResult]:
         """One Spark job: each task reads its ranges (each up to ``budget`` bytes), decodes them and
         writes Parquet files; the driver gets back one manifest row per range."""
         from .source import INGEST_NAME  # imports pyspark: only once there is work to do
@@ -224,13 +232,12 @@ class _Run:
         spec = TaskSpec(
             format_type=pipeline.format.type, schema_ddl=pipeline.format.ddl, table_uri=pipeline.sink.table_uri,
             quarantine_uri=pipeline.sink.quarantine_uri, partition_by=pipeline.sink.partition_by,
-            quarantine_floors=floors, storage_options=dict(pipeline.sink.storage_options),
+            quarantine_floors=by_text(floors), storage_options=dict(pipeline.sink.storage_options),
         )
         reader = (
             self.spark.read.format(INGEST_NAME)
             .option("pipeline", pipeline.name)
-            .option("topic", pipeline.source.topic)
-            .option("tasks", json.dumps([[[t.partition, t.start, t.end] for t in group] for group in groups]))
+            .option("tasks", json.dumps([[[t.topic, t.partition, t.start, t.end] for t in group] for group in groups]))
             .option("maxBytesPerTask", str(budget))
             .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
             .option("sink", spec.to_json())
@@ -242,44 +249,49 @@ class _Run:
         try:
             rows = reader.load().collect()
         except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
-            raise task_failure(exc, pipeline.name, pipeline.source.topic, groups) from exc
-        return [task_result(row.asDict()) for row in rows]
+            raise task_failure(exc, pipeline.name, groups) from exc
+        return [RangeResult.from_json(row["range"]) for row in rows]
 
 
-def task_failure(exc: BaseException, pipeline: str, topic: str, groups: list[list]) -> TaskFailed:
+def task_failure(exc: BaseException, pipeline: str, groups: list[list[OffsetRange]]) -> TaskFailed:
     """A failed Spark job as one line naming the ranges of the task that failed (Spark names its
     index, which is the group's: one input partition per group), else of every task."""
     found = re.search(r"Task (\d+) in stage [\d.]+ failed", str(exc))
     failed = [groups[int(found.group(1))]] if found and int(found.group(1)) < len(groups) else groups
-    ranges = ", ".join(f"{topic}/{t.partition} [{t.start}, {t.end})" for group in failed for t in group)
-    return TaskFailed(f"pipeline {pipeline}: the Spark task reading {ranges} failed: {root_cause(exc)}",
-                      ranges=[(t.partition, t.start, t.end) for group in failed for t in group])
+    ranges = [r for group in failed for r in group]
+    return TaskFailed(f"pipeline {pipeline}: the Spark task reading {', '.join(map(str, ranges))} failed: {root_cause(exc)}",
+                      ranges=[str(r) for r in ranges])
 
 
 def check_plan(pipeline: Pipeline, plan: Plan) -> None:
-    """A handed plan must be this pipeline's, for its topic and table, and the topic must still be
-    the one it was planned on (a recreated topic restarts its offsets)."""
-    where = f"pipeline {pipeline.name}: topic {pipeline.source.topic}"
+    """A handed plan must be this pipeline's, for its table, and each topic must still be the one
+    it was planned on (a recreated topic restarts its offsets)."""
+    where = f"pipeline {pipeline.name}"
     mismatches = [
         (what, planned, configured) for what, planned, configured in (
             ("pipeline", plan.pipeline, pipeline.name),
-            ("topic", plan.topic, pipeline.source.topic),
             ("table", table_location(plan.table_uri), table_location(pipeline.sink.table_uri)),
         ) if planned != configured
     ]
+    foreign = [t for t in plan.topics if not pipeline.source.subscribes(t)]
+    if foreign:
+        mismatches.append(("topic", foreign[0], pipeline.source.describe_subscription()))
     if mismatches:
         what, planned, configured = mismatches[0]
         raise StalePlan(f"{where}: the plan is for {what} {planned}, the pipeline's is {configured}",
                         planned=planned, configured=configured)
-    identity = kafka.describe_topic(kafka.admin_client(pipeline), pipeline).identity
-    planned = plan.identity
-    if (planned.topic_id and identity.topic_id and planned.topic_id != identity.topic_id) or (
-            planned.cluster_id and identity.cluster_id and planned.cluster_id != identity.cluster_id):
-        raise TopicChanged(
-            f"{where}: the plan was made for topic ID {planned.topic_id} on cluster {planned.cluster_id}, the "
-            f"broker now has topic ID {identity.topic_id} on cluster {identity.cluster_id}; nothing was read",
-            planned_topic_id=planned.topic_id, topic_id=identity.topic_id,
-        )
+    identities = kafka.describe_source(kafka.admin_client(pipeline), pipeline).identities
+    for topic, planned in sorted(plan.identities.items()):
+        now = identities.get(topic)
+        if now is None or (planned.topic_id and now.topic_id and planned.topic_id != now.topic_id) or (
+                planned.cluster_id and now.cluster_id and planned.cluster_id != now.cluster_id):
+            raise TopicChanged(
+                f"{where}: topic {topic}: the plan was made for topic ID {planned.topic_id} on cluster "
+                f"{planned.cluster_id}, the broker now has "
+                + (f"topic ID {now.topic_id} on cluster {now.cluster_id}" if now else "no such topic for the pipeline")
+                + "; nothing was read",
+                topic=topic, planned_topic_id=planned.topic_id, topic_id=now.topic_id if now else None,
+            )
 
 
 def run(
@@ -301,7 +313,7 @@ def run(
     state = _Run(pipeline, plan, run_id, spark_factory)
     pending = [batch for batch in plan.batches if not state.holds(batch)]
     if not pending:
-        report.batches = [BatchReport(b.seq, {r.partition: (r.start, r.end) for r in b.ranges}) for b in plan.batches]
+        report.batches = [BatchReport(b.seq, _ranges(b)) for b in plan.batches]
         report.seconds = time.monotonic() - started
         return report
     log.info("%s", describe(plan))

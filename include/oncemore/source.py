@@ -2,14 +2,14 @@
 
 ``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
 key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
-to look at a range in Spark. Options follow Spark's Kafka source: ``topic``, ``startingOffsets``
+to look at a range in Spark. Options follow Spark's Kafka source: ``startingOffsets``
 and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
 ``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
 
 ``oncemore_ingest`` is what runs do: option ``tasks`` lists the Spark tasks, each a list of
-ranges ``[[partition, start, end], ...]`` (planner.group_tasks); a task streams each of its ranges
-in turn through the decoder into Parquet files in the tables' directories, stops each at
-``maxBytesPerTask`` key + value bytes, and yields one manifest row per range (writer.TaskResult). Records never cross into the JVM: a round trip from the source to a
+ranges ``[[topic, partition, start, end], ...]`` (planner.group_tasks); a task streams each of its
+ranges in turn through the decoder into Parquet files in the tables' directories, stops each at
+``maxBytesPerTask`` key + value bytes, and yields one manifest row per range (writer.RangeResult). Records never cross into the JVM: a round trip from the source to a
 mapInArrow stage cost more than reading, parsing and writing together (measured: 91k rec/s that
 way on 2 cores). ``sink`` carries the writer.TaskSpec as JSON, ``storage.<KEY>`` its storage options.
 """
@@ -25,6 +25,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from . import faults
+from .coordinates import KafkaPartition, flat, nested
 from .kafka import range_consumer
 from .records import RangeRecords
 from .schema import KAFKA_RECORD_SCHEMA
@@ -35,11 +36,11 @@ INGEST_NAME = "oncemore_ingest"
 
 
 class KafkaTaskPartition(InputPartition):
-    """One Spark task of ``oncemore_ingest``: ranges (partition, start, end) read one after another."""
+    """One Spark task of ``oncemore_ingest``: ranges (topic, partition, start, end) read one after another."""
 
-    def __init__(self, topic: str, ranges: list[tuple[int, int, int]]):
-        super().__init__((topic, ranges))
-        self.topic, self.ranges = topic, ranges
+    def __init__(self, ranges: list[tuple[str, int, int, int]]):
+        super().__init__(ranges)
+        self.ranges = ranges
 
 
 class KafkaRangePartition(InputPartition):
@@ -56,9 +57,9 @@ def split_range(topic: str, partition: int, start: int, end: int, max_records: i
     ]
 
 
-def offsets_option(topic: str, offsets: dict[int, int]) -> str:
-    """Spark's startingOffsets/endingOffsets JSON form."""
-    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
+def offsets_option(offsets: dict[KafkaPartition, int]) -> str:
+    """Spark's startingOffsets/endingOffsets JSON form: {"topic": {"partition": offset}}."""
+    return json.dumps(nested(offsets))
 
 
 def _prefixed(options, prefix: str) -> dict[str, str]:
@@ -67,10 +68,9 @@ def _prefixed(options, prefix: str) -> dict[str, str]:
 
 
 class _RangeReader(DataSourceReader):
-    """Options shared by both sources, and the records of one task."""
+    """Options shared by both sources, and the records of one range."""
 
     def __init__(self, options):
-        self.topic = options["topic"]
         self.pipeline = options.get("pipeline", "?")
         self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
         self.kafka_config = _prefixed(options, "kafka.")
@@ -96,18 +96,18 @@ class KafkaRangeDataSource(DataSource):
 class KafkaRangeReader(_RangeReader):
     def __init__(self, options):
         super().__init__(options)
-        starting = json.loads(options["startingOffsets"]).get(self.topic, {})
-        ending = json.loads(options["endingOffsets"]).get(self.topic, {})
+        starting = flat(json.loads(options["startingOffsets"]))
+        ending = flat(json.loads(options["endingOffsets"]))
         missing = sorted(set(starting) ^ set(ending))
         if missing:
-            raise ValueError(f"{self.topic}/{missing[0]}: startingOffsets and endingOffsets must name the same partitions")
-        self.ranges = sorted((int(p), int(starting[p]), int(ending[p])) for p in starting)
+            raise ValueError(f"{missing[0]}: startingOffsets and endingOffsets must name the same partitions")
+        self.ranges = sorted((key.topic, key.partition, starting[key], ending[key]) for key in starting)
         self.max_records = int(options.get("maxRecordsPerPartition", 1 << 62))
 
     def partitions(self) -> list[KafkaRangePartition]:
         parts = []
-        for partition, start, end in self.ranges:
-            parts += split_range(self.topic, partition, start, end, self.max_records)
+        for topic, partition, start, end in self.ranges:
+            parts += split_range(topic, partition, start, end, self.max_records)
         return parts
 
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
@@ -138,13 +138,13 @@ class KafkaIngestReader(_RangeReader):
         self.spec = TaskSpec.from_json(options["sink"], _prefixed(options, "storage."))
 
     def partitions(self) -> list[KafkaTaskPartition]:
-        return [KafkaTaskPartition(self.topic, ranges) for ranges in self.tasks]
+        return [KafkaTaskPartition(ranges) for ranges in self.tasks]
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
         faults.reach("task")
         with range_consumer(self.kafka_config) as consumer:
-            for partition, start, end in task.ranges:
-                records = self.records(consumer, task.topic, partition, start, end, self.max_bytes)
+            for topic, partition, start, end in task.ranges:
+                records = self.records(consumer, topic, partition, start, end, self.max_bytes)
                 yield manifest_batch(write_task(records, self.spec))

@@ -21,9 +21,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .decode import Decoder
-from .errors import InvalidDataFile
 from .records import RangeRecords
-from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, main_table_schema
+from .coordinates import KafkaPartition
+from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, main_table_schema
 from .stats import FileStats
 from .storage import filesystem
 
@@ -49,46 +49,48 @@ class DataFile:
     partition_values: str  # JSON {column: value-as-string or null}
     num_records: int
     stats: str  # Delta stats JSON
-    kafka_partition: int
-    min_offset: int
-    max_offset: int
+    offsets: dict[str, list[int]]  # {"topic/partition": [min offset, max offset, rows]} of the rows it holds
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "DataFile":
+        return cls(**data)
 
 
 @dataclass(frozen=True)
-class TaskResult:
-    """What one task did: offsets [start, reached) of its range [start, end) are in ``files``."""
+class RangeResult:
+    """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget
+    may stop it early), holding ``records`` data records (transaction markers and aborted records
+    hold offsets but no record), ``quarantined`` of which did not decode; ``files`` hold them."""
 
-    kafka_partition: int
+    topic: str
+    partition: int
     start: int
     end: int
     reached: int
     bytes_read: int
+    records: int
+    quarantined: int
     files: tuple[DataFile, ...]
 
     @property
-    def complete(self) -> bool:
-        return self.reached >= self.end
+    def key(self) -> KafkaPartition:
+        return KafkaPartition(self.topic, self.partition)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RangeResult":
+        data = json.loads(text)
+        return cls(**{**data, "files": tuple(DataFile.from_dict(f) for f in data["files"])})
 
 
-# TaskResult as the one row each ingest task yields to the driver.
-MANIFEST_SCHEMA = pa.schema(
-    [("kafka_partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64()), ("reached", pa.int64()),
-     ("bytes_read", pa.int64()), ("files", pa.string())]
-)
+# A RangeResult as the one row per range an ingest task yields to the driver.
+MANIFEST_SCHEMA = pa.schema([("range", pa.string())])
 
 
-def manifest_batch(result: TaskResult) -> pa.RecordBatch:
-    row = asdict(result)
-    row["files"] = json.dumps(row["files"])
-    return pa.RecordBatch.from_pylist([row], schema=MANIFEST_SCHEMA)
-
-
-def task_result(row: Mapping) -> TaskResult:
-    """A manifest row (as Spark returns it) back as a TaskResult."""
-    return TaskResult(
-        kafka_partition=row["kafka_partition"], start=row["start"], end=row["end"], reached=row["reached"],
-        bytes_read=row["bytes_read"], files=tuple(DataFile(**f) for f in json.loads(row["files"])),
-    )
+def manifest_batch(result: RangeResult) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"range": result.to_json()}], schema=MANIFEST_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,8 @@ class TaskSpec:
     table_uri: str
     quarantine_uri: str
     partition_by: tuple[str, ...]
-    # Per partition, the first offset the quarantine table still needs (its own position).
-    quarantine_floors: dict[int, int]
+    # Per "topic/partition", the first offset the quarantine table still needs (its own position).
+    quarantine_floors: dict[str, int]
     storage_options: dict[str, str]
 
     def to_json(self) -> str:
@@ -113,24 +115,34 @@ class TaskSpec:
     def from_json(cls, text: str, storage_options: dict[str, str]) -> "TaskSpec":
         data = json.loads(text)
         data["partition_by"] = tuple(data["partition_by"])
-        data["quarantine_floors"] = {int(p): v for p, v in data["quarantine_floors"].items()}
         return cls(**data, storage_options=storage_options)
 
 
-def write_task(records: RangeRecords, spec: TaskSpec) -> TaskResult:
-    """Decodes a task's records and writes them as Parquet files into both tables."""
+def write_task(records: RangeRecords, spec: TaskSpec) -> RangeResult:
+    """Decodes a range's records and writes them as Parquet files into both tables."""
     decoder = Decoder(spec.format_type, spec.schema_ddl, spec.partition_by)
     main = TableWriter("main", spec.table_uri, main_table_schema(spec.format_type, spec.schema_ddl),
                        spec.partition_by, spec.storage_options)
     quarantine = TableWriter("quarantine", spec.quarantine_uri, QUARANTINE_SCHEMA, (), spec.storage_options)
-    floor = spec.quarantine_floors[records.partition]
+    floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
+    count = quarantined = 0
     for batch in records:
         decoded = decoder.decode(batch)
+        count += batch.num_rows
+        quarantined += decoded.bad.num_rows
         main.write(decoded.good)
         if decoded.bad.num_rows:
             quarantine.write(decoded.bad.filter(pc.greater_equal(decoded.bad.column(OFFSET_COLUMN), floor)))
-    return TaskResult(records.partition, records.start, records.end, records.reached, records.bytes_read,
-                      tuple(main.close() + quarantine.close()))
+    return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
+                       records.bytes_read, count, quarantined, tuple(main.close() + quarantine.close()))
+
+
+def kafka_offsets(rows: pa.Table) -> dict[str, tuple[int, int, int]]:
+    """Per "topic/partition" of ``rows``: the lowest and highest offset and the number of rows."""
+    grouped = rows.group_by([TOPIC_COLUMN, PARTITION_COLUMN]).aggregate(
+        [(OFFSET_COLUMN, "min"), (OFFSET_COLUMN, "max"), (OFFSET_COLUMN, "count")])
+    return {f"{g[TOPIC_COLUMN]}/{g[PARTITION_COLUMN]}": (g[f"{OFFSET_COLUMN}_min"], g[f"{OFFSET_COLUMN}_max"],
+                                                        g[f"{OFFSET_COLUMN}_count"]) for g in grouped.to_pylist()}
 
 
 def partition_value_text(value) -> str | None:
@@ -160,17 +172,17 @@ class _OpenFile:
         self.buffer: list[pa.Table] = []
         self.buffered_rows = self.buffered_bytes = self.written_bytes = 0
         self.stats = FileStats(schema)
-        self.kafka_partition: int | None = None
-        self.min_offset, self.max_offset = None, None
+        self.offsets: dict[str, list[int]] = {}  # {"topic/partition": [min, max, rows]}
 
     @property
     def full(self) -> bool:
         return self.stats.num_records >= FILE_ROWS or self.written_bytes + self.buffered_bytes >= FILE_BYTES
 
-    def write(self, table: pa.Table, kafka_partition: int, min_offset: int, max_offset: int) -> None:
-        self.kafka_partition = kafka_partition
-        self.min_offset = min_offset if self.min_offset is None else min(self.min_offset, min_offset)
-        self.max_offset = max_offset if self.max_offset is None else max(self.max_offset, max_offset)
+    def write(self, table: pa.Table, offsets: Mapping[str, tuple[int, int, int]]) -> None:
+        for key, (low, high, rows) in offsets.items():
+            known = self.offsets.get(key)
+            self.offsets[key] = [low, high, rows] if known is None else [min(known[0], low), max(known[1], high),
+                                                                         known[2] + rows]
         self.stats.add(table)
         self.buffer.append(table)
         self.buffered_rows += table.num_rows
@@ -195,9 +207,7 @@ class _OpenFile:
             partition_values=json.dumps(self.partition_values, sort_keys=True),
             num_records=self.stats.num_records,
             stats=self.stats.to_json(),
-            kafka_partition=self.kafka_partition,
-            min_offset=self.min_offset,
-            max_offset=self.max_offset,
+            offsets=self.offsets,
         )
 
 
@@ -223,11 +233,7 @@ class TableWriter:
             handle = self.open.get(key)
             if handle is None:
                 handle = self.open[key] = self._new_file(key)
-            partitions = pc.unique(part.column(PARTITION_COLUMN)).to_pylist()
-            if len(partitions) != 1:
-                raise InvalidDataFile(f"one task must hold one Kafka partition, got {partitions}")
-            offsets = pc.min_max(part.column(OFFSET_COLUMN)).as_py()
-            handle.write(part.select(self.file_schema.names), partitions[0], offsets["min"], offsets["max"])
+            handle.write(part.select(self.file_schema.names), kafka_offsets(part))
             if handle.full:
                 self.done.append(self.open.pop(key).close(self.table_name))
 

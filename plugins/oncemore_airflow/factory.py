@@ -103,7 +103,7 @@ def _doc(pipeline: Pipeline) -> str:
     fmt = pipeline.format.type + (f" (`{pipeline.format.ddl}`)" if pipeline.format.ddl else "")
     return (
         f"### oncemore pipeline `{pipeline.name}`\n\n"
-        f"Exactly-once ingestion of Kafka topic `{pipeline.source.topic}` into Delta table "
+        f"Exactly-once ingestion of Kafka {pipeline.source.describe_subscription()} into Delta table "
         f"`{pipeline.sink.table_uri}` (quarantine: `{pipeline.sink.quarantine_uri}`).\n\n"
         f"- format: {fmt}\n- schedule: `{pipeline.airflow.schedule}` (UTC data intervals)\n"
         f"- starts new partitions at: {pipeline.source.starting_offsets.describe()}\n"

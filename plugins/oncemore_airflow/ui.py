@@ -60,7 +60,8 @@ def _overview(pipeline, detail: bool) -> dict[str, Any]:
         data = pipeline_overview(pipeline, detail=detail)
         data["error"] = None
     except Exception as exc:  # one broken pipeline must not hide the others
-        data = {"pipeline": pipeline.name, "topic": pipeline.source.topic, "table_uri": pipeline.sink.table_uri,
+        data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
+                "table_uri": pipeline.sink.table_uri,
                 "error": f"{type(exc).__name__}: {exc}"}
     data["dag_id"] = dag_id(pipeline.name)
     return data
