@@ -1,0 +1,282 @@
+"""Avro in Confluent's wire format: values produced by confluent-kafka's own AvroSerializer against the
+development registry (a real subprocess, reached over HTTP), decoded by AvroDecoder in another process
+(a spawn child that shares no memory with the producer), written to Delta and read back by DuckDB."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from conftest import duckdb_connection
+from oncemore.decode_avro import AvroDecoder, avro_to_arrow
+from oncemore.devregistry import start_registry
+from oncemore.formats import SchemaAhead
+from oncemore.registry import Registry, RegistryError
+from oncemore.schema import SchemaError
+
+UTC = datetime.timezone.utc
+ADDRESS = {"type": "record", "name": "Address", "fields": [{"name": "zip", "type": "string"}]}
+ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+        {"name": "name", "type": "string"},
+        {"name": "address", "type": ["null", ADDRESS], "default": None}]}},
+    {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "Item", "fields": [
+        {"name": "sku", "type": "string"}, {"name": "qty", "type": "int"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}}]}}},
+    {"name": "attributes", "type": {"type": "map", "values": ["null", "double"]}},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "big", "type": {"type": "fixed", "name": "Big", "size": 16, "logicalType": "decimal", "precision": 38, "scale": 6}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "placed", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "paid", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+    {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+    {"name": "note", "type": ["null", "string", "shop.Address", "long"], "default": None},
+    {"name": "count", "type": ["int", "long"]},
+    {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+    {"name": "flag", "type": "boolean"},
+    {"name": "ratio", "type": "float"},
+]}
+
+
+def order(i: int) -> dict:
+    return {
+        "id": i, "customer": {"name": f"customer-{i}", "address": {"zip": f"{10000 + i}"} if i % 2 else None},
+        "items": [{"sku": f"sku-{i}-{k}", "qty": k, "tags": ["a"] * k} for k in range(i % 3)],
+        "attributes": {"weight": i * 0.5, "missing": None},
+        "amount": Decimal(f"{i}.{i % 100:02d}"), "big": Decimal("12345678901234567890123456789012.345678"),
+        "day": datetime.date(2024, 2, 29) + datetime.timedelta(days=i),
+        "placed": datetime.datetime(2024, 3, 1, 12, 0, 0, 123000, tzinfo=UTC) + datetime.timedelta(seconds=i),
+        "paid": datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) if i == 1 else None,
+        "local": datetime.datetime(2024, 3, 1, 12, 0, 0, 654321), "ref": str(uuid.UUID(int=i)),
+        "status": ["NEW", "PAID", "SHIPPED"][i % 3],
+        "note": [None, "text", ("shop.Address", {"zip": "0"}), 2 ** 40][i % 4], "count": i, "digest": b"\x00\x01\x02\x03",
+        "flag": bool(i % 2), "ratio": 0.5,
+    }
+
+
+def expected_row(i: int) -> dict:
+    """order(i) as the table holds it (timestamps as Arrow reads them back: aware in UTC)."""
+    record = order(i)
+    note = {"member0": None, "member1": None, "member2": None}
+    if i % 4:
+        note[f"member{i % 4 - 1}"] = {"zip": "0"} if i % 4 == 2 else record["note"]
+    return {**record, "attributes": list(record["attributes"].items()), "note": note if i % 4 else None,
+            "status": record["status"], "ref": record["ref"]}
+
+
+@pytest.fixture(scope="module")
+def registry():
+    local = start_registry()
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def elsewhere():
+    """Decodes in another Python process (spawned: nothing inherited), as decode_in_child does."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield lambda settings, reader, values: pool.submit(decode_in_child, settings, reader, values).result()
+
+
+def decode_in_child(settings: dict, reader: tuple[str, int | str], values: list[bytes | None]):
+    """Runs in the spawned process: the reader schema is the registry's (subject, version)."""
+    registry = Registry(settings)
+    subject, version = reader
+    try:
+        found = registry.latest(subject) if version == "latest" else registry.version(subject, version)
+        decoded = AvroDecoder(registry, found.schema).decode(pa.array(values, pa.binary()))
+    except SchemaAhead as ahead:  # its constructor's arguments are not its args: it does not pickle
+        return "ahead", ahead.index, ahead.schema_id, str(ahead)
+    except RegistryError as exc:
+        return "registry", str(exc)
+    return "decoded", decoded.table, decoded.errors
+
+
+def serializer(registry, subject_schema: dict) -> AvroSerializer:
+    client = SchemaRegistryClient(registry.settings())
+    return AvroSerializer(client, json.dumps(subject_schema))
+
+
+def produce(ser: AvroSerializer, topic: str, records: list) -> list[bytes | None]:
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [None if r is None else ser(r, context) for r in records]
+
+
+def assert_delta_round_trip(table: pa.Table, path: str) -> None:
+    write_deltalake(path, table)
+    assert DeltaTable(path).to_pyarrow_table().sort_by("id").to_pylist() == table.sort_by("id").to_pylist()
+    read = duckdb_connection().execute(f"SELECT * FROM delta_scan('{path}') ORDER BY id").to_arrow_table()
+    rows = read.to_pylist()
+    for row in rows:  # DuckDB hands maps over as lists of key/value pairs like Arrow; timestamps keep the zone
+        assert set(row) == set(table.column_names)
+    assert rows == table.sort_by("id").to_pylist()
+
+
+def test_nested_records_arrays_maps_decimals_and_times_round_trip_through_delta(registry, elsewhere, tmp_path):
+    topic = "orders-types"
+    values = produce(serializer(registry, ORDER), topic, [order(i) for i in range(8)] + [None])
+    kind, table, errors = elsewhere(registry.settings(), (f"{topic}-value", "latest"), values)
+    assert kind == "decoded" and errors == {}
+    assert table.schema == avro_to_arrow(ORDER)
+    assert table.num_rows == 9 and all(v is None for v in table.slice(8).to_pylist()[0].values())  # tombstone
+    assert table.slice(0, 8).to_pylist() == [expected_row(i) for i in range(8)]
+    assert_delta_round_trip(table.slice(0, 8), str(tmp_path / "orders"))
+
+
+def test_table_schema_follows_spark_and_delta(registry):
+    schema = avro_to_arrow(ORDER)
+    assert schema.field("items").type == pa.list_(pa.field("element", pa.struct([
+        ("sku", pa.string()), ("qty", pa.int32()), ("tags", pa.list_(pa.field("element", pa.string())))])))
+    assert schema.field("attributes").type == pa.map_(pa.field("key", pa.string(), nullable=False),
+                                                        pa.field("value", pa.float64()))
+    assert schema.field("customer").type == pa.struct([("name", pa.string()), ("address", pa.struct([("zip", pa.string())]))])
+    assert [schema.field(n).type for n in ("amount", "big", "day", "placed", "paid", "local", "ref", "status",
+                                           "count", "digest", "flag", "ratio")] == [
+        pa.decimal128(12, 2), pa.decimal128(38, 6), pa.date32(), pa.timestamp("us", "UTC"), pa.timestamp("us", "UTC"),
+        pa.timestamp("us"), pa.string(), pa.string(), pa.int64(), pa.binary(), pa.bool_(), pa.float32()]
+    assert schema.field("note").type == pa.struct([("member0", pa.string()), ("member1", pa.struct([("zip", pa.string())])),
+                                                   ("member2", pa.int64())])
+    # What Spark's Arrow conversion makes of it comes back unchanged, and delta-rs takes it.
+    assert to_arrow_schema(from_arrow_schema(schema), timezone="UTC") == schema
+    from deltalake import Schema as DeltaSchema
+    DeltaSchema.from_arrow(schema)
+    assert avro_to_arrow('"string"') == pa.schema([("value", pa.string())])
+    assert avro_to_arrow({"type": "array", "items": "long"}) == pa.schema([("value", pa.list_(pa.field("element", pa.int64())))])
+
+
+@pytest.mark.parametrize("schema, complaint", [
+    ({"type": "record", "name": "Node", "fields": [{"name": "next", "type": ["null", "Node"]}]}, "contains itself"),
+    ({"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "long", "string"]}]}, "union of int and long"),
+    ({"type": "record", "name": "R", "fields": [{"name": "_kafka_offset", "type": "long"}]}, "reserved"),
+    ({"type": "record", "name": "R", "fields": [{"name": "d", "type": {"type": "bytes", "logicalType": "decimal",
+                                                                        "precision": 40, "scale": 2}}]}, "precision 1..38"),
+])
+def test_schemas_a_table_cannot_take_are_refused_naming_the_field(schema, complaint):
+    with pytest.raises(SchemaError, match=complaint):
+        avro_to_arrow(schema)
+
+
+V1 = {"type": "record", "name": "User", "namespace": "crm", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "profile", "type": {"type": "record", "name": "Profile", "fields": [{"name": "name", "type": "string"}]}}]}
+V2 = {**V1, "fields": [V1["fields"][0],
+                       {"name": "profile", "type": {"type": "record", "name": "Profile", "fields": [
+                           {"name": "name", "type": "string"},
+                           {"name": "phone", "type": ["null", "string"], "default": None}]}},
+                       {"name": "email", "type": ["null", "string"], "default": None}]}
+
+
+def test_a_newer_schema_adding_nullable_fields_reads_older_records_as_null_and_is_ahead_of_the_old_table(
+        registry, elsewhere, tmp_path):
+    topic, subject = "users", "users-value"
+    old = produce(serializer(registry, V1), topic, [{"id": i, "profile": {"name": f"n{i}"}} for i in range(3)])
+    new = produce(serializer(registry, V2), topic,
+                  [{"id": i, "profile": {"name": f"n{i}", "phone": f"+{i}"}, "email": f"u{i}@x"} for i in range(3, 5)])
+    values = old[:2] + new[:1] + old[2:] + new[1:]
+
+    kind, table, errors = elsewhere(registry.settings(), (subject, "latest"), values)
+    assert kind == "decoded" and errors == {}
+    assert table.schema == avro_to_arrow(V2)
+    assert table.to_pylist() == [
+        {"id": 0, "profile": {"name": "n0", "phone": None}, "email": None},
+        {"id": 1, "profile": {"name": "n1", "phone": None}, "email": None},
+        {"id": 3, "profile": {"name": "n3", "phone": "+3"}, "email": "u3@x"},
+        {"id": 2, "profile": {"name": "n2", "phone": None}, "email": None},
+        {"id": 4, "profile": {"name": "n4", "phone": "+4"}, "email": "u4@x"}]
+    assert_delta_round_trip(table, str(tmp_path / "users"))
+
+    # The table still at version 1: the first version-2 record stops the batch, naming what v1 lacks.
+    result = elsewhere(registry.settings(), (subject, 1), values)
+    assert result[:3] == ("ahead", 2, Registry(registry.settings()).latest(subject).id)
+    assert "field profile.phone" in result[3] and "field email" in result[3]
+    # The records before it decode into v1.
+    kind, prefix, errors = elsewhere(registry.settings(), (subject, 1), values[:2])
+    assert (kind, errors, prefix.column("id").to_pylist()) == ("decoded", {}, [0, 1])
+
+
+def test_records_that_cannot_be_decoded_are_errors_with_reasons(registry, elsewhere):
+    topic, subject = "payments", "payments-value"
+
+    def payment(amount: dict, at: str) -> dict:
+        return {"type": "record", "name": "Payment", "fields": [
+            {"name": "id", "type": "long"}, {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", **amount}},
+            {"name": "at", "type": {"type": "long", "logicalType": at}}]}
+
+    def one(schema: dict, i: int, amount: str) -> bytes:
+        at = datetime.datetime(2024, 1, 1, tzinfo=UTC)
+        return produce(serializer(registry, schema), topic, [{"id": i, "amount": Decimal(amount), "at": at}])[0]
+
+    good = one(payment({"precision": 6, "scale": 2}, "timestamp-micros"), 1, "1.50")
+    too_wide = one(payment({"precision": 12, "scale": 2}, "timestamp-micros"), 2, "123456.78")
+    other_unit = one(payment({"precision": 6, "scale": 2}, "timestamp-millis"), 3, "1")
+    # The table's schema is the first version; the later ones were registered with compatibility off.
+    unknown_id = b"\x00\x00\x00\x7f\xff" + good[5:]
+    values = [good, unknown_id, b"{\"id\": 1}", b"\x00\x01", good[:-3], good + b"\x00\x00", too_wide, other_unit, None,
+              b"\x00" + good[1:5] + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"]
+
+    kind, table, errors = elsewhere(registry.settings(), (subject, 1), values)
+    assert kind == "decoded"
+    assert table.column("id").to_pylist() == [1] + [None] * 9
+    assert sorted(errors) == [1, 2, 3, 4, 5, 6, 7, 9]
+    assert "schema ID 32767 is not in the registry" in errors[1]
+    assert "not Confluent's magic byte 0" in errors[2] and "'{'" in errors[2]
+    assert "too short for Confluent framing" in errors[3]
+    written_with = int.from_bytes(good[1:5], "big")
+    assert f"payload is not a record of writer schema {written_with} (truncated or garbage?)" in errors[4]
+    assert "2 bytes left over" in errors[5]
+    assert "field amount: 123456.78 does not fit DECIMAL(6,2)" in errors[6]
+    assert "at is timestamp-millis in the writer, timestamp-micros in the table" in errors[7]
+    assert f"payload is not a record of writer schema {written_with} (truncated or garbage?)" in errors[9]
+
+
+def test_an_unreachable_registry_fails_the_batch_instead_of_quarantining(registry):
+    values = produce(serializer(registry, V1), "dead", [{"id": 1, "profile": {"name": "x"}}])
+    dead = Registry({"url": "http://127.0.0.1:9", "max.retries": 0})
+    decoder = AvroDecoder(dead, Schema(json.dumps(V1), "AVRO"))
+    with pytest.raises(RegistryError, match=r"schema registry http://127.0.0.1:9: schema ID \d+: ConnectError"):
+        decoder.decode(pa.array(values, pa.binary()))
+
+
+def test_basic_auth_settings_pass_through_and_the_secret_never_shows(elsewhere):
+    secured = start_registry(user_info="ingest:pa55-w0rd-s3cret")
+    try:
+        values = produce(serializer(secured, V1), "secured", [{"id": 7, "profile": {"name": "s"}}])
+        kind, table, errors = elsewhere(secured.settings(), ("secured-value", "latest"), values)
+        assert (kind, errors, table.column("id").to_pylist()) == ("decoded", {}, [7])
+
+        wrong = {**secured.settings(), "basic.auth.user.info": "ingest:wrong-s3cret-guess"}
+        kind, message = elsewhere(wrong, ("secured-value", "latest"), values)
+        assert kind == "registry" and "HTTP 401" in message and secured.url in message
+        assert "wrong-s3cret-guess" not in message and "pa55-w0rd-s3cret" not in message
+
+        in_url = {"url": secured.url.replace("http://", "http://ingest:wrong-s3cret-guess@")}
+        with pytest.raises(RegistryError) as failure:
+            Registry(in_url).latest("secured-value")
+        assert "wrong-s3cret-guess" not in str(failure.value) and "***@127.0.0.1" in str(failure.value)
+    finally:
+        secured.stop()
+
+
+def test_decoders_pickle_for_spark_workers(registry):
+    import pickle
+
+    produce(serializer(registry, V1), "pickled", [{"id": 1, "profile": {"name": "p"}}])
+    settings = registry.settings()
+    decoder = AvroDecoder(Registry(settings), Registry(settings).latest("pickled-value").schema)
+    copy = pickle.loads(pickle.dumps(decoder))
+    assert copy.schema == decoder.schema and copy.registry.settings == settings
