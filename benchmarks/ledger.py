@@ -24,11 +24,14 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from oncemore import devbroker, runner
-from oncemore.committer import commit, ensure_tables
+from oncemore.committer import commit
+from oncemore.tables import ensure_tables
 from oncemore.config import parse_pipeline
-from oncemore.ledger import CommitRecord, Ledger
+from oncemore.commitrecord import CommitRecord
+from oncemore.coordinates import KafkaPartition
+from oncemore.ledger import Ledger
 from oncemore.overview import pipeline_overview
-from oncemore.schema import main_table_schema
+from oncemore.schema import records_schema
 from oncemore.writer import TableWriter
 
 PARTITIONS = 8
@@ -73,9 +76,10 @@ class LoadCounter:
 
 
 def build(pipeline, commits: int) -> None:
-    ensure_tables(pipeline)
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.source.topic)
-    schema = main_table_schema("raw", None)
+    schema = records_schema("raw", None, pa.binary(), False)
+    ensure_tables(pipeline, schema)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
+    keys = [KafkaPartition("events", p) for p in range(PARTITIONS)]
     started = time.monotonic()
     for n in range(commits):
         partition = n % PARTITIONS
@@ -86,13 +90,14 @@ def build(pipeline, commits: int) -> None:
             "_kafka_offset": pa.array([n // PARTITIONS], pa.int64()),
             "_kafka_timestamp": pa.array([None], pa.timestamp("us", tz="UTC")),
         }).cast(schema))
-        held = ledger.positions(range(PARTITIONS))
-        start = held[partition] or 0
+        held = ledger.positions(keys)
+        key = keys[partition]
+        start = held[key] or 0
         record = CommitRecord(pipeline="events", run_id=f"run-{n // 10}", batch_seq=n % 10,
                               ranges={"events": {str(partition): [start, start + 1]}},
-                              records={"written": 1, "quarantined": 0}, topic="events",
-                              log_end={str(partition): commits}, duration_ms=400)
-        commit(ledger, writer.close(), {partition: held[partition]}, {partition: start + 1}, range(PARTITIONS), record)
+                              records={"written": 1, "quarantined": 0, "filtered": 0},
+                              log_end={"events": {str(partition): commits}}, duration_ms=400)
+        commit(ledger, writer.close(), {key: held[key]}, {key: start + 1}, keys, record)
         if n % 500 == 499:
             print(f"  {n + 1} commits, {time.monotonic() - started:.0f}s", flush=True)
 

@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 
 from oncemore import devbroker
-from oncemore.committer import commit_positions, ensure_tables
+from oncemore.committer import commit_positions
+from oncemore.tables import ensure_tables
 from oncemore.config import parse_pipeline
-from oncemore.ledger import CommitRecord, Ledger
+from oncemore.commitrecord import CommitRecord
+from oncemore.coordinates import KafkaPartition
+from oncemore.ledger import Ledger
 from oncemore.overview import pipeline_overview
 
 PARTITIONS = 8
@@ -38,15 +41,15 @@ def main() -> None:
             "name": "events", "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": "events"},
             "sink": {"table_uri": str(work / "events")}, "format": {"type": "raw"},
         }, "<benchmark>", {})
-        ensure_tables(pipeline)
-        ledger = Ledger(pipeline.sink.table_uri, "events", "events")
+        ensure_tables(pipeline, pipeline.static_columns())
+        ledger = Ledger(pipeline.sink.table_uri, "events")
         started = time.monotonic()
         for n in range(args.commits):
             ranges = {str(p): [n, n + 1] for p in range(PARTITIONS)}
-            commit_positions(ledger, {p: n + 1 for p in range(PARTITIONS)}, CommitRecord(
+            commit_positions(ledger, {KafkaPartition("events", p): n + 1 for p in range(PARTITIONS)}, CommitRecord(
                 pipeline="events", run_id=f"run-{n // 10}", batch_seq=n % 10, ranges={"events": ranges},
-                records={"written": PARTITIONS, "quarantined": 0}, topic="events",
-                log_end={p: args.commits + 100 for p in ranges}, duration_ms=400))
+                records={"written": PARTITIONS, "quarantined": 0, "filtered": 0},
+                log_end={"events": {p: args.commits + 100 for p in ranges}}, duration_ms=400))
         print(f"built {args.commits} commits in {time.monotonic() - started:.0f}s; "
               f"checkpoints: {len(list((work / 'events' / '_delta_log').glob('*.checkpoint.parquet')))}")
 

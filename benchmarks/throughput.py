@@ -1,10 +1,12 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
 of the same offsets, in one run, on the local faithful test broker (devbroker.test_broker_path()).
 
-    scripts/benchmark [--records 1000000] [--partitions 4]
+    scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
-Prints records/s for both, their ratio (target >= 0.5), and the peak memory of Spark's Python
-workers (it should follow the batch size, not the range size). Not a test: figures, not verdicts.
+Prints records/s for both, their ratio, and the peak memory of Spark's Python workers (it should
+follow the batch size, not the range size). With ``--formats``, the same number of records again
+as flat JSON through a transform (records through Spark DataFrames), nested JSON, Avro and Protobuf
+(Confluent's wire format, a local schema registry), each warm. Not a test: figures, not verdicts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from oncemore import devbroker, runner
 from oncemore.config import parse_pipeline
+from oncemore.coordinates import KafkaPartition
 from oncemore.kafka import admin_client, consumer_config, log_bounds
 from oncemore.spark import spark_session
 
@@ -40,8 +43,8 @@ def raw_consume(pipeline, bounds) -> tuple[int, float]:
     """One process, one consumer, all partitions: the rate oncemore is measured against."""
     config = consumer_config(pipeline)
     consumer = Consumer(config)
-    consumer.assign([TopicPartition(pipeline.source.topic, p, b.earliest) for p, b in bounds.items()])
-    remaining = {p: b.latest for p, b in bounds.items()}
+    consumer.assign([TopicPartition(p.topic, p.partition, b.earliest) for p, b in bounds.items()])
+    remaining = {p.partition: b.latest for p, b in bounds.items()}
     count, value_bytes, started = 0, 0, time.perf_counter()
     while remaining:
         for message in consumer.consume(10_000, 1.0):
@@ -81,14 +84,88 @@ class PeakWorkerMemory(threading.Thread):
             time.sleep(0.2)
 
 
-def pipeline_for(broker, topic: str, table_dir: str, records: int):
+FLAT = {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE, note STRING"}
+NESTED = {"type": "json", "schema": "id BIGINT, customer STRUCT<name: STRING, address: STRUCT<zip: STRING, city: STRING>>, "
+                                    "lines ARRAY<STRUCT<sku: STRING, price: DECIMAL(10,2)>>, placed TIMESTAMP"}
+AVRO_SCHEMA = {"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "long"}, {"name": "customer", "type": "string"}, {"name": "amount", "type": "double"},
+    {"name": "note", "type": "string"}]}
+
+
+def pipeline_for(broker, topic: str, table_dir: str, records: int, format_=FLAT, **extra):
     return parse_pipeline({
         "name": "bench",
         "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic},
         "sink": {"table_uri": f"{table_dir}/{topic}", "quarantine_uri": f"{table_dir}/{topic}_quarantine"},
-        "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE, note STRING"},
+        "format": format_,
         "limits": {"max_records_per_commit": records, "max_records_per_partition": records},
+        **extra,
     }, "benchmark", {})
+
+
+def nested_records(count: int, partitions: int):
+    for i in range(count):
+        value = json.dumps({"id": i, "customer": {"name": f"customer-{i % 10_000:05d}", "address": {"zip": f"{i % 99_999:05d}",
+                                                                                                    "city": "Oslo"}},
+                            "lines": [{"sku": f"s{i % 500}", "price": f"{i % 1000}.25"}], "placed": "2026-11-20T10:00:00Z"})
+        yield i % partitions, None, value.encode(), None
+
+
+def framed_records(serialize, count: int, partitions: int):
+    rng = random.Random(7)
+    for i in range(count):
+        yield i % partitions, None, serialize({"id": i, "customer": f"customer-{rng.randrange(10_000):05d}",
+                                               "amount": round(rng.random() * 1000, 2), "note": "x" * 120}), None
+
+
+def protobuf_order():
+    """An Order message like the flat JSON's, built at run time (no generated code)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as Field
+
+    proto = descriptor_pb2.FileDescriptorProto(name="bench_order.proto", package="bench", syntax="proto3")
+    message = proto.message_type.add(name="Order")
+    for number, (name, kind) in enumerate([("id", Field.TYPE_INT64), ("customer", Field.TYPE_STRING),
+                                           ("amount", Field.TYPE_DOUBLE), ("note", Field.TYPE_STRING)], 1):
+        message.field.add(name=name, number=number, type=kind, label=Field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.Order"))
+
+
+def formats(broker, spark, work: str, n: int, parts: int, raw_rate: float) -> None:
+    """Warm throughput of every way records travel, on the same number of ~200 B records."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from oncemore.devregistry import start_registry
+
+    registry = start_registry()
+    try:
+        client = SchemaRegistryClient(registry.settings())
+        avro = AvroSerializer(client, json.dumps(AVRO_SCHEMA))
+        order = protobuf_order()
+        protobuf = ProtobufSerializer(order, client, {"use.deprecated.format": False})
+        cases = [
+            ("flat JSON through a transform (Spark DataFrames)", "bench", FLAT,
+             {"transform": "SELECT * FROM records"}, None),
+            ("nested JSON", "bench_nested", NESTED, {}, lambda: nested_records(n, parts)),
+            ("Avro (registry)", "bench_avro", {"type": "avro", "schema_registry": registry.settings()}, {},
+             lambda: framed_records(lambda v: avro(v, SerializationContext("bench_avro", MessageField.VALUE)), n, parts)),
+            ("Protobuf (registry)", "bench_proto", {"type": "protobuf", "schema_registry": registry.settings()}, {},
+             lambda: framed_records(lambda v: protobuf(order(**v), SerializationContext("bench_proto", MessageField.VALUE)),
+                                    n, parts)),
+        ]
+        for label, topic, format_, extra, produce in cases:
+            if produce is not None:
+                broker.create_topic(topic, parts)
+                broker.produce(topic, produce())
+            rate, _ = timed_run(pipeline_for(broker, topic, f"{work}/{label.split()[0]}", n, format_, **extra), spark, n)
+            print(f"  {label}: {rate:,.0f} rec/s = {rate / raw_rate:.2f} x raw", flush=True)
+    finally:
+        registry.stop()
 
 
 def timed_run(pipeline, spark, expected: int) -> tuple[float, PeakWorkerMemory]:
@@ -107,6 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--formats", action="store_true", help="also the transform path, nested JSON, Avro, Protobuf")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n, parts = args.records, args.partitions
@@ -122,7 +200,8 @@ def main() -> None:
         pipeline = pipeline_for(broker, "bench", work, n)
         avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
 
-        count, raw_seconds = raw_consume(pipeline, log_bounds(admin_client(pipeline), pipeline, range(parts)))
+        count, raw_seconds = raw_consume(pipeline, log_bounds(admin_client(pipeline), pipeline,
+                                                              [KafkaPartition("bench", p) for p in range(parts)]))
         raw_rate = count / raw_seconds
         print(f"raw confluent-kafka consume, 1 process: {count} records of ~{avg_size:.0f} B in {raw_seconds:.2f}s "
               f"= {raw_rate:,.0f} rec/s", flush=True)
@@ -135,14 +214,15 @@ def main() -> None:
         warm_rate, warm_memory = timed_run(pipeline_for(broker, "bench", f"{work}/warm", n), spark, n)
         # One task reading the whole range: memory must follow the batch size, not the range.
         _, single_memory = timed_run(pipeline_for(broker, "bench_one", work, n), spark, n)
+        print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
+        print(f"  first job in a fresh session: {cold_rate:,.0f} rec/s = {cold_rate / raw_rate:.2f} x raw")
+        print(f"  steady state (session warm):  {warm_rate:,.0f} rec/s = {warm_rate / raw_rate:.2f} x raw")
+        print(f"  Python worker peak RSS: {warm_memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
+              f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
+              f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
+        if args.formats:
+            formats(broker, spark, work, n, parts, raw_rate)
         spark.stop()
-
-    print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
-    print(f"  first job in a fresh session: {cold_rate:,.0f} rec/s = {cold_rate / raw_rate:.2f} x raw")
-    print(f"  steady state (session warm):  {warm_rate:,.0f} rec/s = {warm_rate / raw_rate:.2f} x raw (target >= 0.5)")
-    print(f"  Python worker peak RSS: {warm_memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
-          f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
-          f"({n * avg_size / mib:.0f} MiB of values)")
 
 
 if __name__ == "__main__":

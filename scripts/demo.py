@@ -1,6 +1,7 @@
 """The embedded default end to end: local Tansu broker, sample orders, `oncemore run` twice
-(the second is a no-op), the table's row count and positions; then the pipeline's Airflow DAG
-on SQLite (dag.test): a run after more data arrived, and a rerun that is a no-op."""
+(the second is a no-op), the table's row count and positions; Avro orders through a local schema
+registry (include/pipelines/examples/avro.yaml); then the pipeline's Airflow DAG on SQLite
+(dag.test): a run after more data arrived, and a rerun that is a no-op."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -53,9 +56,49 @@ def main() -> None:
         print(f"\n{pipeline.sink.table_uri}: {main_rows} rows; quarantine: {quarantined} rows; "
               f"together {main_rows + quarantined} of {len(produced)} produced")
 
+        avro_orders(broker)
+
         more = broker.produce("orders", sample_orders(5_000), transactional_id="demo")
         print(f"\nAirflow (SQLite, dag.test): {len(more)} more records produced; running DAG oncemore__orders", flush=True)
         run_dag_twice(pipeline.sink.table_uri)
+
+
+AVRO_ORDER = {"type": "record", "name": "Order", "namespace": "demo", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+        {"name": "name", "type": "string"}, {"name": "city", "type": ["null", "string"], "default": None}]}},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+    {"name": "placed", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+
+
+def avro_orders(broker) -> None:
+    """The Avro example: records in Confluent's wire format, their schema in a local registry."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from oncemore.devregistry import start_registry
+
+    registry = start_registry()
+    try:
+        os.environ["SCHEMA_REGISTRY_URL"] = registry.url
+        broker.create_topic("orders_avro", 2)
+        serialize = AvroSerializer(SchemaRegistryClient(registry.settings()), json.dumps(AVRO_ORDER))
+        context = SerializationContext("orders_avro", MessageField.VALUE)
+        now = datetime.now(timezone.utc)
+        records = [(i % 2, f"key-{i}".encode(), serialize({
+            "id": i, "customer": {"name": f"customer-{i % 7}", "city": "Oslo" if i % 2 else None},
+            "amount": Decimal(i) / 4, "placed": now}, context), None) for i in range(1_000)]
+        broker.produce("orders_avro", records, transactional_id="demo-avro")
+        print(f"\nlocal schema registry at {registry.url}: 1000 Avro orders (nested, decimal, timestamp) "
+              "to topic orders_avro", flush=True)
+        example = str(ROOT / "include" / "pipelines" / "examples" / "avro.yaml")
+        oncemore("run", "--config", example)
+        table = DeltaTable(load_pipeline(example).sink.table_uri)
+        print(f"{table.table_uri}: {table.count()} rows; columns from the registered schema: "
+              f"{', '.join(f.name for f in table.schema().fields)}")
+    finally:
+        registry.stop()
 
 
 def run_dag_twice(table_uri: str) -> None:

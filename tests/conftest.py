@@ -203,3 +203,13 @@ def read_coordinates(table_uri: str) -> list[tuple[str, int, int]]:
 
 def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
     return [(topic, p, o) for p, o in pairs]
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """A Confluent-compatible schema registry over HTTP (oncemore.devregistry) for the session."""
+    from oncemore.devregistry import start_registry
+
+    local = start_registry()
+    yield local
+    local.stop()

@@ -13,12 +13,14 @@ from deltalake import DeltaTable, TableFeatures
 from oncemore import runner
 from deltalake.exceptions import CommitFailedError
 
-from oncemore.committer import already_committed, commit, commit_positions, covered_prefix, ensure_table, validate_files
+from oncemore.committer import already_committed, commit, commit_positions, covered_prefix, validate_files
+from oncemore.tables import ensure_table
 from oncemore.errors import CommitConflict, InvalidDataFile, UnsupportedTable
 from oncemore.commitrecord import CommitRecord
 from oncemore.ledger import Ledger
 from oncemore.schema import QUARANTINE_SCHEMA
-from oncemore.writer import RangeResult, TableWriter
+from oncemore.tasks import RangeResult
+from oncemore.writer import TableWriter
 
 from conftest import keyed, orders, read_pairs
 
@@ -86,7 +88,7 @@ def test_a_table_asking_writers_for_what_oncemore_does_not_do_is_refused_before_
         broker, topic, make_pipeline, spark, change, named):
     broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)
-    table = DeltaTable.create(pipeline.sink.table_uri, pipeline.table_schema())
+    table = DeltaTable.create(pipeline.sink.table_uri, pipeline.static_columns())
     change(table)
     version = DeltaTable(pipeline.sink.table_uri).version()
 

@@ -24,6 +24,10 @@ def test_the_topology_is_kafka_kraft_s3_postgres_spark_and_the_three_airflow_ser
     assert SERVICES["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert SERVICES["minio"]["image"].startswith("minio/minio:") and "mc mb" in " ".join(SERVICES["minio-init"]["entrypoint"])
     assert SERVICES["postgres"]["image"].startswith("postgres:")
+    registry = SERVICES["schema-registry"]
+    assert registry["image"].startswith("confluentinc/cp-schema-registry:")
+    assert registry["environment"]["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"] == "PLAINTEXT://kafka:9092"
+    assert COMPOSE["x-oncemore"]["environment"]["SCHEMA_REGISTRY_URL"] == "http://schema-registry:8081"
     for name in ONCEMORE_SERVICES:
         assert SERVICES[name]["build"] == "." and SERVICES[name]["image"] == "oncemore:local", name
     assert {tuple(SERVICES[n]["command"]) for n in ONCEMORE_SERVICES if n.startswith("airflow")} == {
@@ -56,7 +60,8 @@ def test_spark_services_start_the_classes_the_local_cluster_starts():
 def test_every_variable_the_pipelines_and_the_project_read_is_set():
     env = SERVICES["airflow-scheduler"]["environment"]
     referenced = set()
-    for path in (ROOT / "include" / "pipelines").glob("*.yaml"):  # values only, not comments
+    pipelines = ROOT / "include" / "pipelines"
+    for path in [*pipelines.glob("*.yaml"), *(pipelines / "examples").glob("*.yaml")]:  # values only, not comments
         referenced |= set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", json.dumps(yaml.safe_load(path.read_text()))))
     assert referenced and referenced <= set(env), referenced - set(env)
     assert env["ONCEMORE_PIPELINES_DIR"] == "/opt/oncemore/include/pipelines"

@@ -63,8 +63,9 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "valid integer"),
         ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "valid integer"),
         ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "greater than or equal to 1"),
-        ("format.type", "avro", "format.type", "'json' or 'raw'"),
-        ("format.schema", "id BIGINT, payload MAP<STRING,STRING>", "format.schema", "unsupported type"),
+        ("format.type", "avro", "format.schema_registry", "with a url is required for avro"),
+        ("format.type", "csv", "format.type", "'json', 'avro', 'protobuf', 'raw' or 'string'"),
+        ("format.schema", "id BIGINT, payload MAP<INT,STRING>", "format.schema", "STRING keys"),
         ("format.schema", "id BIGINT, _kafka_offset BIGINT", "format.schema", "reserved"),
         ("source.starting_offsets", "yesterday", "source.starting_offsets", "ISO-8601"),
         ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
@@ -85,14 +86,18 @@ def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key,
 
 
 def _blocks(model, prefix=""):
-    """Every block of the pipeline model (nested and optional ones included), as dotted keys."""
+    """Every block of the pipeline model (nested, optional and listed ones), as dotted keys; a
+    listed block's key names its first item."""
+    import typing
+
     from oncemore.config import _model_of
 
     found = [prefix]
     for name, field in model.model_fields.items():
         inner = _model_of(field.annotation)
         if inner is not None:
-            found += _blocks(inner, f"{prefix}{field.alias or name}.")
+            listed = typing.get_origin(field.annotation) is tuple
+            found += _blocks(inner, f"{prefix}{field.alias or name}.{'0.' if listed else ''}")
     return found
 
 
@@ -100,12 +105,20 @@ def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path
     from oncemore.config import Pipeline
 
     blocks = _blocks(Pipeline)
-    assert {"", "source.", "sink.", "format.", "limits.", "alert.", "maintenance.", "airflow."} <= set(blocks)
+    assert {"", "source.", "sink.", "format.", "key.", "transform.", "expectations.0.", "limits.", "alert.",
+            "maintenance.", "airflow."} <= set(blocks)
     for block in blocks:
         doc = yaml.safe_load(yaml.safe_dump(VALID))
         target = doc
-        for key in block.rstrip(".").split(".") if block else []:
-            target = target.setdefault(key, {})
+        parts = block.rstrip(".").split(".") if block else []
+        for i, key in enumerate(parts):
+            if key == "0":
+                continue
+            if i + 1 < len(parts) and parts[i + 1] == "0":
+                target[key] = [{}]
+                target = target[key][0]
+            else:
+                target = target.setdefault(key, {})
         target["tpyo"] = 1
         with pytest.raises(ConfigError) as error:
             load_pipeline(write(tmp_path, doc), ENV)
@@ -174,10 +187,17 @@ def test_timestamps_without_zone_are_utc():
     assert parse_timestamp_ms("2026-01-05T11:00:00") == parse_timestamp_ms("2026-01-05T11:00:00+00:00") == 1767610800000
 
 
-def test_shipped_pipelines_all_load(monkeypatch):
+def test_shipped_pipelines_and_examples_all_load_and_the_schema_checks_them(monkeypatch):
+    import jsonschema
+
+    from oncemore.config import json_schema
+
     monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    loaded, broken = load_all(ROOT / "include" / "pipelines")
-    assert loaded and not broken
+    for directory in (ROOT / "include" / "pipelines", ROOT / "include" / "pipelines" / "examples"):
+        loaded, broken = load_all(directory)
+        assert loaded and not broken, broken
+        for path in directory.glob("*.yaml"):
+            assert not list(jsonschema.Draft202012Validator(json_schema()).iter_errors(yaml.safe_load(path.read_text()))), path
 
 
 def test_load_all_keeps_loading_past_a_broken_file(tmp_path, monkeypatch):
@@ -219,7 +239,7 @@ def test_published_json_schema_is_current_and_checks_pipeline_files(monkeypatch)
     validator = jsonschema.Draft202012Validator(published)
     shipped = yaml.safe_load((ROOT / "include" / "pipelines" / "orders.yaml").read_text())
     assert not list(validator.iter_errors(shipped))
-    for change, value in [("source.topik", "x"), ("format.type", "avro"), ("limits.max_records_per_commit", 0),
+    for change, value in [("source.topik", "x"), ("format.type", "csv"), ("limits.max_records_per_commit", 0),
                           ("source.starting_offsets", {"0": -1}), ("sink.storage_options", {"k": [1]})]:
         assert list(validator.iter_errors(with_change(change, value))), change
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from oncemore import devbroker, runner
+from oncemore import devbroker, partcommit, runner
 from oncemore.committer import commit_positions
 from oncemore.config import OffsetBound
 from oncemore.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
@@ -245,14 +245,14 @@ def test_a_partial_reset_keeps_the_quarantine_floor_of_unnamed_partitions(broker
     records[4] = (records[4][0], records[4][1], b"{broken", None)  # partition 1, offset 1
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic)
-    real_commit = runner.commit
+    real_commit = partcommit.commit
 
     def crash_on_main(ledger, *args, **kwargs):
         if ledger.table_uri == pipeline.sink.table_uri:
             raise SystemExit("injected crash after the quarantine commit")
         return real_commit(ledger, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "commit", crash_on_main)
+    monkeypatch.setattr(partcommit, "commit", crash_on_main)
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()
@@ -274,7 +274,7 @@ def test_a_second_pipeline_on_a_table_is_refused_even_after_a_reset_unless_it_ta
     second = make_pipeline(topic, name="second", sink={"table_uri": first.sink.table_uri,
                                                        "quarantine_uri": first.sink.quarantine_uri})
 
-    with pytest.raises(TableOwned, match=rf"ingested into .* by pipeline orders"):
+    with pytest.raises(TableOwned, match=r"ingested into .* by pipeline orders"):
         runner.run(second, spark_factory=no_spark)
     with pytest.raises(TableOwned, match=r"--take-over"):  # the advice of old led to duplicates
         reset(second, OffsetBound("latest"))
@@ -283,7 +283,7 @@ def test_a_second_pipeline_on_a_table_is_refused_even_after_a_reset_unless_it_ta
     assert_exactly_once(read_pairs(first.sink.table_uri), produced + more)
 
     reset(second, OffsetBound("latest"), take_over=True)  # a deliberate hand-over
-    with pytest.raises(TableOwned, match=rf"ingested into .* by pipeline second"):
+    with pytest.raises(TableOwned, match=r"ingested into .* by pipeline second"):
         runner.run(first, spark_factory=no_spark)
     last = broker.produce(topic, orders(90, 30))
     runner.run(second, spark_factory=lambda: spark)

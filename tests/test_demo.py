@@ -27,3 +27,7 @@ def test_the_demo_ingests_every_record_once_on_tansu_and_its_reruns_are_noops(tm
     pairs = read_pairs(str(tmp_path / "delta" / "orders")) + read_pairs(str(tmp_path / "delta" / "orders_quarantine"))
     assert len(pairs) == len(set(pairs)) == 25_000
     assert {p for p, _ in pairs} == {0, 1, 2}
+    # The Avro example through the local registry: every record, nested columns from the registered schema.
+    assert "delta/avro: 1000 rows; columns from the registered schema: key, id, customer, amount, placed" in demo.stdout
+    avro = read_pairs(str(tmp_path / "delta" / "avro"))
+    assert len(avro) == len(set(avro)) == 1_000

@@ -9,17 +9,19 @@ from datetime import date, datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from oncemore.committer import commit, ensure_table
+from oncemore.committer import commit
+from oncemore.tables import ensure_table
 from oncemore.commitrecord import CommitRecord
 from oncemore.coordinates import KafkaPartition
 from oncemore.ledger import Ledger
-from oncemore.schema import main_table_schema
+from oncemore.ddl import parse_ddl
+from oncemore.schema import records_schema
 from oncemore.stats import FileStats
 from oncemore.writer import TableWriter
 
 from conftest import duckdb_connection
 
-SCHEMA = main_table_schema("json", "at TIMESTAMP, local TIMESTAMP_NTZ, d DATE, x DOUBLE, s STRING")
+SCHEMA = records_schema("json", parse_ddl("at TIMESTAMP, local TIMESTAMP_NTZ, d DATE, x DOUBLE, s STRING"), None, False)
 UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MS = 1000

@@ -8,7 +8,7 @@ ever written stays readable: ``from_json`` brings older records to the current s
 Formats: 1 the batch; 2 topic, topic_id, cluster_id, bytes_read and reset; 3 log_end and
 duration_ms; 4 the commit also states the identity and owner txns (ledger.Claims); 5 several
 topics: ``topic_ids`` {topic: ID} instead of topic/topic_id, ``log_end`` and reset positions per
-topic, and ``records.filtered`` (rows a transform dropped).
+topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class CommitRecord:
     until: str | None = None
     ranges: Nested = field(default_factory=dict)  # {topic: {partition: [start, end]}}
     records: Mapping[str, int] = field(default_factory=lambda: {"written": 0, "quarantined": 0, "filtered": 0})
+    expectations: Mapping[str, int] = field(default_factory=dict)  # {name: rows failing it}, quarantined or not
     gaps: list[Gap] = field(default_factory=list)
     topic_ids: Mapping[str, str | None] = field(default_factory=dict)
     cluster_id: str | None = None

@@ -16,101 +16,23 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Schema
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
-from .config import Pipeline
-from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned, UnsupportedTable
+from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned
 from .commitrecord import METADATA_KEY, CommitRecord
 from .coordinates import KafkaPartition
-from .ledger import Ledger, fingerprint, open_table
-from .schema import QUARANTINE_SCHEMA
-from .storage import filesystem, table_location
-from .writer import DataFile, RangeResult
-
-
-# Writer features that appending files with add actions honours as it is. Any other feature asks
-# writers for work oncemore does not do (row IDs, column mapping, v2 checkpoints, Iceberg metadata).
-HONOURED_WRITER_FEATURES = frozenset({
-    "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
-    # Harmless while no column or table uses them; check_writable looks at the table itself.
-    "invariants", "checkConstraints", "generatedColumns", "identityColumns",
-})
+from .ledger import Ledger, fingerprint
+from .storage import filesystem
+from .tasks import RangeResult
+from .writer import DataFile
 
 
 @dataclass(frozen=True)
 class CommitOutcome:
     status: str  # "committed" | "already_committed" (checked before trying) | "lost_race" (a concurrent commit won)
     version: int | None
-
-
-def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
-                 storage_options: Mapping[str, str] | None = None) -> DeltaTable:
-    """Opens the table, creating it when missing; fails clearly if its schema is not ``schema``."""
-    location = table_location(table_uri)
-    options = dict(storage_options) if storage_options else None
-    table = open_table(location, options)
-    if table is None:
-        try:
-            table = DeltaTable.create(
-                location, schema, mode="error", partition_by=list(partition_by) or None, name=name,
-                description=description, storage_options=options,
-            )
-        except Exception:
-            # Another run created it first (version 0 exists): use theirs.
-            table = open_table(location, options)
-            if table is None:
-                raise
-    check_writable(table, table_uri)
-    expected = Schema.from_arrow(schema).to_json()
-    if table.schema().to_json() != expected:
-        raise InvalidDataFile(
-            f"table {table_uri} has schema {table.schema().to_json()}, the pipeline writes {expected}; "
-            "schema changes are not applied automatically", table_uri=table_uri,
-        )
-    if list(table.metadata().partition_columns) != list(partition_by):
-        raise InvalidDataFile(
-            f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
-            f"the pipeline says {list(partition_by)}", table_uri=table_uri,
-        )
-    return table
-
-
-def check_writable(table: DeltaTable, table_uri: str) -> None:
-    """Refuses, before anything is written, a table whose writers must check or compute values:
-    oncemore adds files it wrote itself, so it can neither enforce a CHECK constraint or an
-    invariant nor fill a generated or identity column; or one needing a writer feature it does
-    not honour. A row violating a constraint therefore never lands in a commit of oncemore's."""
-    configuration = table.metadata().configuration
-    fields = json.loads(table.schema().to_json())["fields"]
-    asks = [f"CHECK constraint {key.removeprefix('delta.constraints.')} ({value})"
-            for key, value in sorted(configuration.items()) if key.startswith("delta.constraints.")]
-    for field in fields:
-        metadata = field.get("metadata") or {}
-        asks += [f"invariant on column {field['name']}"] if "delta.invariants" in metadata else []
-        asks += [f"generated column {field['name']}"] if "delta.generationExpression" in metadata else []
-        asks += [f"identity column {field['name']}"] if any(k.startswith("delta.identity.") for k in metadata) else []
-    mode = configuration.get("delta.columnMapping.mode", "none")
-    asks += [f"column mapping mode {mode}"] if mode != "none" else []
-    unknown = sorted(set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES)
-    asks += [f"writer feature {feature}" for feature in unknown]
-    if asks:
-        raise UnsupportedTable(
-            f"table {table_uri} asks its writers for what oncemore does not do: {'; '.join(asks)}. Nothing was "
-            "written; remove them or point the pipeline at another table",
-            table_uri=table_uri, requirements=asks,
-        )
-
-
-def ensure_tables(pipeline: Pipeline) -> None:
-    """The pipeline's main and quarantine tables, created when missing, checked otherwise."""
-    options, subscription = pipeline.sink.storage_options, pipeline.source.describe_subscription()
-    ensure_table(pipeline.sink.table_uri, pipeline.table_schema(), pipeline.sink.partition_by, pipeline.name,
-                 f"oncemore pipeline {pipeline.name}: {subscription}", options)
-    ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-                 f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored",
-                 options)
 
 
 def covered_prefix(results: Iterable[RangeResult], starts: Mapping[KafkaPartition, int]

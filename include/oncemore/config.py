@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping
 from urllib.parse import urlsplit
 
+import pyarrow as pa
 import yaml
 from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, StrictBool, StrictInt, StrictStr,
@@ -27,7 +28,8 @@ from pydantic_core import PydanticCustomError
 
 from .coordinates import KafkaPartition
 from .redaction import redact
-from .schema import PARTITIONABLE_TYPES, SchemaError, main_table_schema, parse_schema
+from .ddl import check_json_types, parse_ddl
+from .schema import SchemaError, check_partition_by, key_type, records_schema
 
 PIPELINES_DIR_ENV = "ONCEMORE_PIPELINES_DIR"
 DEFAULT_PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
@@ -242,7 +244,11 @@ class Sink(_Model):
 
     table_uri: StrictStr = Field(min_length=1)
     quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
-    partition_by: tuple[StrictStr, ...] = ()
+    partition_by: tuple[StrictStr, ...] = Field(default=(), description="columns of the table, those a transform "
+                                                                       "derives included")
+    schema_evolution: Literal["add_columns", "fail"] = Field(
+        default="add_columns", description="add_columns: a new nullable field of the schema becomes a column in the "
+                                           "commit of the first data that has it; fail: any change stops the run")
     # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
     storage_options: Options = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
 
@@ -270,23 +276,66 @@ class Sink(_Model):
 
 
 class Format(_Model):
-    """How record values are decoded."""
+    """How a record's value (``format``) or key (``key``) is decoded.
 
-    type: Literal["json", "raw"]
-    ddl: StrictStr | None = Field(default=None, alias="schema", description="Spark DDL of the JSON values, e.g. 'id BIGINT, name STRING'")
+    json: the declared Spark DDL (``schema``); avro and protobuf: Confluent's wire format, each
+    record's writer schema fetched by ID from ``schema_registry`` and the table's from the
+    subject's latest version (a declared ``schema`` is then checked against it); raw: the bytes;
+    string: UTF-8 text."""
+
+    type: Literal["json", "avro", "protobuf", "raw", "string"]
+    ddl: StrictStr | None = Field(default=None, alias="schema",
+                                  description="Spark DDL, e.g. 'id BIGINT, customer STRUCT<name: STRING, zip: STRING>'")
+    schema_registry: Options | None = Field(
+        default=None, description="confluent-kafka SchemaRegistryClient settings (url, basic.auth.user.info, ...); "
+                                  "${ENV} for secrets")
+    subject: StrictStr | None = Field(default=None, description="default <topic>-value (<topic>-key for keys)")
+    message: StrictStr | None = Field(default=None, description="protobuf: the message's full name (default: the "
+                                                                "schema's first message)")
+    confluent_framing: StrictBool = Field(default=False, description="json: values carry Confluent's JSON Schema "
+                                                                     "serializer header (magic byte, schema ID)")
 
     @model_validator(mode="after")
-    def _schema_fits_type(self) -> "Format":
-        if self.type == "json":
-            if not self.ddl:
-                raise _error("schema", "is required for json (Spark DDL, e.g. 'id BIGINT, name STRING')")
+    def _settings_fit_type(self) -> "Format":
+        registered = self.type in ("avro", "protobuf")
+        if self.type == "json" and not self.ddl:
+            raise _error("schema", "is required for json (Spark DDL, e.g. 'id BIGINT, name STRING')")
+        if self.ddl and self.type in ("raw", "string"):
+            raise _error("schema", f"does not apply to type {self.type}")
+        if self.ddl:
             try:
-                parse_schema(self.ddl)
+                check_json_types(parse_ddl(self.ddl)) if self.type == "json" else parse_ddl(self.ddl)
             except SchemaError as exc:
                 raise _error("schema", str(exc)) from None
-        elif self.ddl:
-            raise _error("schema", "only applies to type json")
+        if registered and not (self.schema_registry or {}).get("url"):
+            raise _error("schema_registry", f"with a url is required for {self.type}")
+        if self.confluent_framing and self.type != "json":
+            raise _error("confluent_framing", "applies to type json (avro and protobuf are always framed)")
+        if self.schema_registry is not None and not (registered or self.confluent_framing):
+            raise _error("schema_registry", f"does not apply to type {self.type}")
+        if self.subject is not None and not registered:
+            raise _error("subject", f"does not apply to type {self.type}")
+        if self.message is not None and self.type != "protobuf":
+            raise _error("message", "applies to type protobuf")
         return self
+
+    @property
+    def declared(self) -> pa.Schema | None:
+        """The declared columns (Arrow), when a schema is declared."""
+        return parse_ddl(self.ddl) if self.ddl else None
+
+
+class PythonTransform(_Model):
+    python: StrictStr = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                              description="package.module:function, taking and returning a Spark DataFrame")
+
+
+class Expectation(_Model):
+    """A Spark SQL predicate every row must satisfy after the transform (a NULL result fails it)."""
+
+    name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    check: StrictStr = Field(min_length=1, description="Spark SQL predicate, e.g. 'amount > 0'")
+    on_fail: Literal["quarantine", "fail"] = "quarantine"
 
 
 class Limits(_Model):
@@ -358,6 +407,14 @@ class Pipeline(_Model):
     source: Source
     sink: Sink
     format: Format
+    key: Format | None = Field(default=None, description="how record keys are decoded into column `key` (raw: "
+                                                         "BINARY); no key column when absent, but for format raw")
+    headers: StrictBool = Field(default=False, description="add column headers ARRAY<STRUCT<key: STRING, value: "
+                                                           "BINARY>> (repeated keys kept in order)")
+    transform: StrictStr | PythonTransform | None = Field(
+        default=None, description="Spark SQL over the view `records`, or {python: module:function}; a record maps "
+                                  "to at most one row and the _kafka_* columns must stay")
+    expectations: tuple[Expectation, ...] = ()
     limits: Limits = Limits()
     fail_on_data_loss: StrictBool = True
     # Mirror the table's positions to consumer group oncemore.<name> after each commit, for lag
@@ -385,16 +442,21 @@ class Pipeline(_Model):
         return self
 
     @model_validator(mode="after")
-    def _partition_columns_exist(self) -> "Pipeline":
-        schema = self.table_schema()
-        for column in self.sink.partition_by:
-            if schema.get_field_index(column) < 0:
-                raise _error("sink.partition_by", f"{column!r} is not a column of the table ({', '.join(schema.names)})")
-            if str(schema.field(column).type) not in PARTITIONABLE_TYPES:
-                raise _error("sink.partition_by", f"{column!r} has type {schema.field(column).type}; partition by "
-                             f"one of {', '.join(sorted(PARTITIONABLE_TYPES))}")
-        if len(self.sink.partition_by) >= len(schema.names):
-            raise _error("sink.partition_by", "cannot partition by every column")
+    def _records_shape(self) -> "Pipeline":
+        if self.key is not None and self.key.confluent_framing is False and self.key.type == "json" and not self.key.ddl:
+            raise _error("key.schema", "is required for json")
+        names = [f.name.lower() for f in self.format.declared or []]
+        for column, taken in (("key", self.key is not None or self.format.type == "raw"), ("headers", self.headers)):
+            if taken and column in names:
+                raise _error("format.schema", f"declares a column {column!r}, which the record's {column} takes")
+        names = {e.name for e in self.expectations}
+        if len(names) != len(self.expectations):
+            raise _error("expectations", "names an expectation twice")
+        if self.static_columns() is not None:
+            try:
+                check_partition_by(self.static_columns(), self.sink.partition_by)
+            except SchemaError as exc:
+                raise _error("sink.partition_by", str(exc)) from None
         return self
 
     @property
@@ -402,15 +464,29 @@ class Pipeline(_Model):
         """The file the pipeline was loaded from."""
         return self._origin
 
-    def table_schema(self):
-        """The main table's Arrow schema."""
-        return main_table_schema(self.format.type, self.format.ddl)
+    @property
+    def shapes_in_spark(self) -> bool:
+        """Records go through Spark DataFrames (a transform or expectations): else they stay in
+        the Python workers, decoded and written in one pass."""
+        return self.transform is not None or bool(self.expectations)
+
+    def static_columns(self) -> pa.Schema | None:
+        """The table's columns when the config alone tells them (no registry, no transform)."""
+        if self.shapes_in_spark or self.format.type in ("avro", "protobuf") or (
+                self.key is not None and self.key.type in ("avro", "protobuf")):
+            return None
+        return records_schema(self.format.type, self.format.declared, key_type(self.key, self.format.type,
+                                                                               self.key.declared if self.key else None),
+                              self.headers)
 
     def redacted(self) -> dict[str, Any]:
         """The pipeline as a plain dict safe to print or log: secret option values masked."""
         shown = self.model_dump(mode="json", by_alias=True)
         shown["source"]["kafka_options"] = redact("kafka", self.source.kafka_options)
         shown["sink"]["storage_options"] = redact("storage", self.sink.storage_options)
+        for block in ("format", "key"):
+            if shown.get(block) and shown[block].get("schema_registry") is not None:
+                shown[block]["schema_registry"] = redact("registry", shown[block]["schema_registry"])
         return shown
 
 
@@ -545,7 +621,10 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
     try:
         pipeline = Pipeline.model_validate(substitute_env(raw, source, environ))
     except ValidationError as exc:
-        raise _config_error(source, exc.errors(include_input=False, include_url=False)[0]) from None
+        errors = exc.errors(include_input=False, include_url=False)
+        # A misspelt key also leaves the right one missing: the unknown key says what happened.
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+        raise _config_error(source, errors[0]) from None
     pipeline._origin = source
     return pipeline
 
@@ -561,16 +640,32 @@ def _config_error(source: str, error: Mapping[str, Any]) -> ConfigError:
         problem = "is required"
     elif error["type"] == "extra_forbidden":
         problem = f"unknown key (allowed: {', '.join(_allowed_keys(loc[:-1]))})"
-    return ConfigError(source, ".".join(loc), problem)
+    # Pydantic names the member of a union it tried (transform.PythonTransform.python): not a key.
+    members = {m.__name__ for m in _all_models(Pipeline)} | {m.__name__ for n in _all_models(Pipeline) for m in _models_in(n)}
+    return ConfigError(source, ".".join(p for p in loc if p not in members | {"str", "int", "float", "bool"}), problem)
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:
-    """The keys of the model at ``loc`` (optional blocks, ``X | None``, included)."""
+    """The keys of the model at ``loc`` (optional blocks, lists of blocks and unions included)."""
     model: type[BaseModel] = Pipeline
     for part in loc:
-        field = next(f for name, f in model.model_fields.items() if part in (name, f.alias))
-        model = _model_of(field.annotation)
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        if field is not None:
+            model = _model_of(field.annotation) or model
+        # Otherwise a list index or the member of a union pydantic names (e.g. PythonTransform).
+        elif any(m.__name__ == part for m in _models_in(model)):
+            model = next(m for m in _models_in(model) if m.__name__ == part)
     return sorted(field.alias or name for name, field in model.model_fields.items())
+
+
+def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
+    return [m for f in model.model_fields.values() for m in _all_models(f.annotation)]
+
+
+def _all_models(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _all_models(arg)]
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:

@@ -66,9 +66,10 @@ class DevBroker:
         self._wait(self.admin().delete_records([TopicPartition(topic, p, o) for p, o in before.items()]))
 
     def produce(self, topic: str, records: Iterable[Record], transactional_id: str | None = None,
-                abort: bool = False) -> list[tuple[int, int]]:
-        """Writes (partition, key, value, timestamp_ms) records: in one transaction when
-        ``transactional_id`` is given (aborted with ``abort``), else with an idempotent producer.
+                abort: bool = False, headers: list[tuple[str, bytes]] | None = None) -> list[tuple[int, int]]:
+        """Writes (partition, key, value, timestamp_ms) records, each with ``headers``: in one
+        transaction when ``transactional_id`` is given (aborted with ``abort``), else with an
+        idempotent producer.
 
         Returns the (partition, offset) of every record, from the delivery reports."""
         settings = {**self._client_config(), "linger.ms": 20, "batch.num.messages": 10000, "compression.type": "lz4",
@@ -95,6 +96,7 @@ class DevBroker:
             while True:
                 try:
                     producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery,
+                                     headers=headers,
                                      **({"timestamp": timestamp_ms} if timestamp_ms is not None else {}))
                     break
                 except BufferError:

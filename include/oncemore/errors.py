@@ -72,7 +72,11 @@ def root_cause(exc: BaseException) -> str:
     """One line for an exception, digging the cause out of a Spark job failure: the Python error
     a task raised, else the failure Spark reports for the lost task (a Python worker that died)."""
     text = str(exc)
-    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Conflict)): (.+)$", text, re.M)
+    # The last line of a Python traceback: a builtin's name, or a qualified one (oncemore.sink.ExpectationFailed),
+    # not the JVM's (org.apache.spark.SparkException) that wraps it.
+    found = [(name.rpartition(".")[2], message) for name, message in
+             re.findall(r"^\s*((?:[a-z_]\w*\.)+[A-Z]\w*|\w+(?:Error|Exception|Conflict)): (.+)$", text, re.M)
+             if not name.startswith(("org.", "java.", "scala.", "py4j."))]
     if found:
         name, message = found[-1]
         return f"{name}: {message.strip()}"

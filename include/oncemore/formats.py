@@ -31,12 +31,12 @@ class SchemaAhead(Exception):
     (a producer moved to a newer registered schema during the run): decoding it into the table's
     schema would drop them. The reader stops its range there; the run evolves the table first."""
 
-    def __init__(self, index: int, schema_id: int, message: str):
+    def __init__(self, index: int, schema_id: int, message: str, role: str = "value"):
         super().__init__(message)
-        self.index, self.schema_id = index, schema_id
+        self.index, self.schema_id, self.role = index, schema_id, role  # role: "value" or "key"
 
     def __reduce__(self):  # crosses from Spark's Python workers to the driver
-        return SchemaAhead, (self.index, self.schema_id, str(self))
+        return SchemaAhead, (self.index, self.schema_id, str(self), self.role)
 
 
 class ValueDecoder(Protocol):

@@ -1,9 +1,9 @@
 """One task's Kafka records as Arrow batches, bounded in rows and bytes, stopping at a byte budget.
 
 Batches carry the Spark Kafka source's columns (key, value, topic, partition, offset, timestamp,
-timestampType) plus ``timestamp_ms``, Kafka's raw value: where it cannot be held as a microsecond
-timestamp (a producer stamping nanoseconds), ``timestamp`` is null and the decoder quarantines
-the record. A batch holds at most BATCH_ROWS rows or about BATCH_BYTES of keys and values (and
+timestampType, headers: read only when asked for, else null) plus ``timestamp_ms``, Kafka's raw
+value: where it cannot be held as a microsecond timestamp (a producer stamping nanoseconds),
+``timestamp`` is null and the decoder quarantines the record. A batch holds at most BATCH_ROWS rows or about BATCH_BYTES of keys and values (and
 always at least one record), so a task's memory follows these bounds, not its range or the
 values' size. With a byte budget the read stops after the record that reaches it; ``reached``
 then says where the next read must begin (the range end when the whole range was read).
@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer
 
 from .kafka import read_messages
-from .schema import RECORD_SCHEMA, TIMESTAMP
+from .schema import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP
 
 # ~50k rows per Arrow batch measured fastest (PLATFORM.md); bytes keep large values bounded.
 BATCH_ROWS = 50_000
@@ -35,14 +35,18 @@ class RangeRecords:
     and ``bytes_read`` say how far the read went and how many key + value bytes it took."""
 
     def __init__(self, consumer: Consumer, topic: str, partition: int, start: int, end: int,
-                 stall_timeout: float, where: str, max_bytes: int | None = None):
+                 stall_timeout: float, where: str, max_bytes: int | None = None, headers: bool = False):
         self.consumer, self.topic, self.partition = consumer, topic, partition
         self.start, self.end, self.stall_timeout, self.where = start, end, stall_timeout, where
-        self.max_bytes = max_bytes
+        self.max_bytes, self.headers = max_bytes, headers
         self.reached, self.bytes_read = start, 0
 
+    def stop_at(self, offset: int) -> None:
+        """The reader of the batches stops before ``offset`` (and leaves the loop): the range was read up to it."""
+        self.reached = offset
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        columns = _Columns()
+        columns = _Columns(self.headers)
         for messages in read_messages(self.consumer, self.topic, self.partition, self.start, self.end,
                                       self.stall_timeout, self.where):
             if self.max_bytes is not None:
@@ -79,8 +83,9 @@ def _size(message) -> int:
 class _Columns:
     """Column lists of the records read so far, turned into one Arrow batch at a time."""
 
-    def __init__(self):
+    def __init__(self, headers: bool):
         self.keys, self.values, self.offsets, self.stamps, self.types = [], [], [], [], []
+        self.headers: list | None = [] if headers else None
         self.bytes = 0
 
     @property
@@ -96,6 +101,9 @@ class _Columns:
         self.offsets.append(message.offset())
         self.stamps.append(stamp if kind else None)
         self.types.append(kind)
+        if self.headers is not None:  # in order, repeated keys kept (Spark's includeHeaders)
+            found = message.headers()
+            self.headers.append([{"key": k, "value": v} for k, v in found] if found else [])
         size = len(key or b"") + len(value or b"")
         self.bytes += size
         return size
@@ -114,10 +122,11 @@ class _Columns:
                 pa.array(self.offsets, pa.int64()),
                 micros.cast(TIMESTAMP),
                 pa.array([_SPARK_TIMESTAMP_TYPE.get(t, -1) for t in self.types], pa.int32()),
+                pa.nulls(count, HEADERS_TYPE) if self.headers is None else pa.array(self.headers, HEADERS_TYPE),
                 millis,
             ],
             schema=RECORD_SCHEMA,
         )
-        self.__init__()
+        self.__init__(self.headers is not None)
         return batch
 

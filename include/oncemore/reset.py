@@ -8,17 +8,19 @@ Re-ingesting offsets already in the table duplicates them: that is the caller's 
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from . import bounds, kafka
-from .committer import commit_positions, ensure_tables
+from .committer import commit_positions
 from .config import OffsetBound, Pipeline
 from .commitrecord import CommitRecord, Reset
 from .continuity import check_owner
 from .coordinates import nested
 from .errors import PlanError
 from .ledger import Ledger
+from .tables import ensure_tables
 
 
 def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     named = set(to.for_topics(state.topics)) if to.kind == "offsets" else set(log)
     quarantine_before = quarantine.positions(state.partitions)
     quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
-    ensure_tables(pipeline)
+    ensure_tables(pipeline, _table_schema(pipeline, main, state.topics))
     run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
     versions = {}
     # Main table first: a crash before the quarantine commit leaves the quarantine table's floor
@@ -66,3 +68,20 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
         )
         versions[ledger.table_uri] = commit_positions(ledger, moved, record, take_over)
     return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": versions}
+
+
+def _table_schema(pipeline: Pipeline, main: Ledger, topics: list[str]):
+    """The main table's schema: the table's own, or for a table still to create, the records'."""
+    from .evolution import arrow_schema
+    from .recordformat import registries, resolve
+
+    table = main.snapshot()
+    if table is not None:
+        from pyspark.sql.types import StructType
+
+        return arrow_schema(StructType.fromJson(json.loads(table.schema().to_json())))
+    if pipeline.shapes_in_spark:
+        raise PlanError(f"pipeline {pipeline.name}: table {pipeline.sink.table_uri} does not exist yet and its "
+                        "transform makes its schema: run the pipeline once (or reset after the first run)",
+                        pipeline=pipeline.name)
+    return resolve(pipeline, topics).schema(*registries(pipeline))

@@ -1,4 +1,4 @@
-"""One run end to end: plan -> no-op, or per batch Spark jobs that write files -> commits.
+"""One run end to end: plan -> no-op, or per batch part a Spark job (jobs.py) -> its commits (partcommit.py).
 
 A batch runs from the table's *current* positions to its planned ends, so a retried, rerun or
 partly committed plan does exactly the part the table does not hold yet, and a plan the table
@@ -9,28 +9,27 @@ An empty plan returns before pyspark is even imported.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
 from . import kafka
-from .committer import CommitOutcome, commit, covered_prefix, delete_files, ensure_tables, validate_files
 from .config import OffsetBound, Pipeline
-from .errors import CommitConflict, StalePlan, TaskFailed, TopicChanged, root_cause
+from .coordinates import KafkaPartition, by_text
+from .errors import CommitConflict, StalePlan, TopicChanged
 from .group_mirror import mirror_positions
-from .kafka import consumer_config
-from .commitrecord import CommitRecord
-from .coordinates import KafkaPartition, by_text, nested
+from .jobs import ingest_job, shaped_job
 from .ledger import Ledger
+from .partcommit import Part, Written, commit_part
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
 from .progress import Progress
-from .schema import QUARANTINE_SCHEMA
+from .schema import SchemaError, check_partition_by
 from .storage import table_location
-from .writer import RangeResult, TaskSpec
+from .tasks import RangeResult, TaskSpec
+from .transform import VERDICT_PREFIX, TransformRefused
 
 log = logging.getLogger("oncemore")
 
@@ -82,7 +81,8 @@ def _ranges(batch: Batch) -> dict[KafkaPartition, tuple[int, int]]:
 
 
 class _Run:
-    """The state of one run: the pipeline's two ledgers, the Spark session once needed, and what
+    """The state of one run: the pipeline's two ledgers, the Spark session once needed, how its
+    records are decoded and shaped and the table's schema (resolved once there is work), and what
     this run has learned of its partitions' record sizes."""
 
     def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object]):
@@ -94,12 +94,45 @@ class _Run:
         self._spark_factory, self._spark = spark_factory, None
         self.bytes_per_offset: dict[KafkaPartition, float] = {}
         self.progress: Progress | None = None
+        self.records = self.table_schema = self.registries = None
 
     @property
     def spark(self):
         if self._spark is None:
             self._spark = self._spark_factory()
         return self._spark
+
+    def prepare(self, ahead: str | None = None) -> None:
+        """How records are decoded (the registry asked once), what a transform makes of them
+        (checked by Spark before a record is read), and the table made ready for it."""
+        from .evolution import arrow_schema
+        from .recordformat import registries, resolve
+        from .source import RECORDS_NAME
+        from .tables import ensure_tables
+
+        pipeline = self.pipeline
+        self.records = resolve(pipeline, list(self.plan.topics), ahead)
+        self.registries = registries(pipeline)
+        schema = self.records.schema(*self.registries)
+        if pipeline.shapes_in_spark:
+            probe = self._spec({}, schema)
+            shaped = self._shape(self.spark.read.format(RECORDS_NAME).options(**_probe_options(probe)).load())
+            schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)
+        try:
+            check_partition_by(schema, pipeline.sink.partition_by)
+        except SchemaError as exc:
+            raise TransformRefused(f"{self.where}: sink.partition_by: {exc}") from None
+        self.table_schema = ensure_tables(pipeline, schema)
+
+    def _shape(self, records):
+        from .transform import shape
+
+        return shape(self.spark, records, self.pipeline)
+
+    def _spec(self, floors: dict[KafkaPartition, int], table_schema) -> TaskSpec:
+        sink = self.pipeline.sink
+        return TaskSpec(self.records, table_schema, sink.table_uri, sink.quarantine_uri, sink.partition_by,
+                        by_text(floors), dict(sink.storage_options), *self.registries)
 
     def holds(self, batch: Batch) -> bool:
         """The table already holds the whole batch (a retry or rerun of finished work)."""
@@ -113,14 +146,13 @@ class _Run:
 
     def ingest(self, batch: Batch) -> BatchReport:
         report = BatchReport(batch.seq, _ranges(batch))
-        partitions = sorted(self.plan.bounds)
         while True:
             positions = self.main.positions(batch.expected_positions)
             left = batch.remaining(positions, self.where)
             if not left:
                 return report
             quarantine_before = self.quarantine.positions(left)
-            self._ingest_part(batch, positions, left, partitions, report)
+            self._ingest_part(batch, positions, left, quarantine_before, report)
             # A part that lost a race moves the other run's positions; one that moves nothing at all
             # would go round forever.
             if (self.main.positions(batch.expected_positions) == positions
@@ -128,139 +160,76 @@ class _Run:
                 raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {by_text(positions)}",
                                      positions=by_text(positions))
 
-    def _ingest_part(self, batch: Batch, positions, left: dict[KafkaPartition, OffsetRange], partitions,
-                     report: BatchReport) -> None:
+    def _ingest_part(self, batch: Batch, positions, left: dict[KafkaPartition, OffsetRange],
+                     quarantine_positions, report: BatchReport) -> None:
         """Reads what is left of the batch (up to the byte budgets) and commits what was read."""
-        pipeline = self.pipeline
-        started = time.monotonic()
-        quarantine_positions = self.quarantine.positions(left)
+        pipeline, plan = self.pipeline, self.plan
         # The quarantine table keeps only rows at or after its own position (heals a crash
         # between the quarantine commit and the main commit).
         floors = {p: max(r.start, quarantine_positions[p] or 0) for p, r in left.items()}
-        tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, pipeline.limits, self.bytes_per_offset)
-        results = self._write_files(tasks, budget, floors) if tasks else []
-        self._learn_sizes(results)
-        ends, kept, dropped = covered_prefix(results, {p: r.start for p, r in left.items()})
-        self._discard([f for r in dropped for f in r.files])
-        files = [f for r in kept for f in r.files]
-        main_files = [f for f in files if f.table == "main"]
-        quarantine_files = [f for f in files if f.table == "quarantine"]
-        read = {p: (left[p].start, ends[p]) for p in left}
-        options = pipeline.sink.storage_options
-        validate_files(pipeline.sink.table_uri, main_files, pipeline.table_schema(), pipeline.sink.partition_by, read, options)
-        validate_files(pipeline.sink.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, options)
-        written = sum(f.num_records for f in main_files)
-        quarantined = sum(r.quarantined for r in kept)
-        record = CommitRecord(
-            pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=self.plan.until,
-            ranges=nested({p: [s, e] for p, (s, e) in read.items()}),
-            records={"written": written, "quarantined": quarantined, "filtered": sum(r.records for r in kept) - written - quarantined},
-            gaps=[g for g in batch.gaps if positions.get(KafkaPartition(g.topic, g.partition)) == g.start],
-            topic_ids={t: self.plan.identities[t].topic_id for t in sorted({p.topic for p in read})},
-            cluster_id=next(iter(self.plan.identities.values())).cluster_id if self.plan.identities else None,
-            bytes_read=sum(r.bytes_read for r in kept),
-            log_end=nested({p: self.plan.bounds[p].latest for p in read if p in self.plan.bounds}),
-            duration_ms=int((time.monotonic() - started) * 1000),
+        part = Part(
+            pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=plan.until,
+            table_uri=pipeline.sink.table_uri, quarantine_uri=pipeline.sink.quarantine_uri,
+            partition_by=pipeline.sink.partition_by, starts={p: r.start for p, r in left.items()},
+            expected={p: positions[p] for p in left}, quarantine_expected=dict(quarantine_positions),
+            partitions=tuple(sorted(plan.bounds)), gaps=batch.gaps,
+            topic_ids={t: i.topic_id for t, i in plan.identities.items()},
+            cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
+            log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
         )
-        new_positions = {p: e for p, (_, e) in read.items()}
-        if quarantine_files:
-            touched = {KafkaPartition.parse(key) for f in quarantine_files for key in f.offsets}
-            outcome = self._commit(self.quarantine, quarantine_files, {p: quarantine_positions[p] for p in touched},
-                                   {p: new_positions[p] for p in touched}, partitions, record)
-            if outcome.version is not None:
-                report.quarantine_versions.append(outcome.version)
-            # The main commit moves positions over quarantined records too: only once the quarantine
-            # table holds its part of the range (ours, or another run's commit of the same records).
-            held = self.quarantine.positions(touched)
-            short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
-            if short:
-                log.warning("%s: the quarantine table holds %s, not the ends %s this part reached; its main "
-                            "commit waits, the batch goes round from the positions as they are", self.where,
-                            by_text(short), by_text({p: new_positions[p] for p in short}))
-                delete_files(self.main.table_uri, main_files, self.main.storage_options)  # never offered to a commit
-                return
-        outcome = self._commit(self.main, main_files, {p: positions[p] for p in left}, new_positions, partitions, record)
-        if outcome.status == "committed":
+        spec = self._spec(floors, self.table_schema)
+        # Through Spark, a partition's part is one range: files of its rows may mix ranges, so no
+        # range of it may be dropped after a cut one.
+        limits = (pipeline.limits.model_copy(update={"max_records_per_partition": 1 << 62})
+                  if pipeline.shapes_in_spark else pipeline.limits)
+        tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, limits, self.bytes_per_offset)
+        groups = group_tasks(tasks, slots(self.spark), pipeline.limits.max_records_per_partition) if tasks else []
+        if pipeline.shapes_in_spark and tasks:
+            outcome = shaped_job(self.spark, pipeline, spec, groups, budget, part, self._shape)
+        else:
+            results = ingest_job(self.spark, pipeline, spec, groups, budget) if tasks else []
+            self._learn_sizes(results)
+            outcome = commit_part(part, results, Written(), self.table_schema, pipeline.sink.storage_options,
+                                  (self.main, self.quarantine))
+        if outcome.quarantine_version is not None:
+            report.quarantine_versions.append(outcome.quarantine_version)
+        ours = outcome.status == "committed"
+        if ours:
             report.status = "committed"
-            report.written += written
-            report.quarantined += quarantined
+            report.written += outcome.records["written"]
+            report.quarantined += outcome.records["quarantined"]
             report.versions.append(outcome.version)
             if pipeline.commit_consumer_group:
-                held = self.main.positions(partitions)
+                held = self.main.positions(part.partitions)
                 mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
-        log.info("%s: batch %d %s %s (%d written, %d quarantined)", pipeline.name, batch.seq, outcome.status,
-                 ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), written, quarantined)
-        ours = outcome.status == "committed"
-        self.progress.advance(batch.seq, sum(e - s for s, e in read.values()),
-                              written + quarantined if ours else 0, record.bytes_read if ours else 0)
-
-    def _commit(self, ledger: Ledger, files, expected, new_positions, partitions, record) -> CommitOutcome:
-        try:
-            outcome = commit(ledger, files, expected, new_positions, partitions, record)
-        except CommitConflict as conflict:
-            if not conflict.evidence.get("attempted"):  # refused before any commit attempt: the files are ours alone
-                delete_files(ledger.table_uri, files, ledger.storage_options)
-            # The batch loop re-reads the positions and goes on from wherever they are now.
-            log.warning("%s: %s; continuing from the new positions", self.pipeline.name, conflict)
-            return CommitOutcome("conflict", None)
-        if outcome.status == "already_committed":
-            log.warning("%s: %s already holds this range (another run committed it); dropping our files",
-                        self.pipeline.name, ledger.table_uri)
-            delete_files(ledger.table_uri, files, ledger.storage_options)
-        elif outcome.status == "lost_race":
-            # After a commit attempt the files are left alone; vacuum(full=True) removes them.
-            log.warning("%s: %s: a concurrent run committed this range first", self.pipeline.name, ledger.table_uri)
-        return outcome
-
-    def _discard(self, files) -> None:
-        pipeline = self.pipeline
-        for table_name, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
-            delete_files(uri, [f for f in files if f.table == table_name], pipeline.sink.storage_options)
+        if outcome.schema_ahead is not None:
+            log.info("%s: a record's %s was written with a schema newer than the table's (schema ID %s): the table "
+                     "follows it before the batch goes on", self.where, *outcome.schema_ahead.split(":"))
+            self.prepare(outcome.schema_ahead)
+        self.progress.advance(batch.seq, sum(e - s for s, e in outcome.read.values()),
+                              outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,
+                              outcome.bytes_read if ours else 0)
 
     def _learn_sizes(self, results: list[RangeResult]) -> None:
         for result in results:
             if result.reached > result.start and result.bytes_read:
                 self.bytes_per_offset[result.key] = result.bytes_read / (result.reached - result.start)
 
-    def _write_files(self, tasks: list[OffsetRange], budget: int, floors: dict[KafkaPartition, int]) -> list[RangeResult]:
-        """One Spark job: each task reads its ranges (each up to ``budget`` bytes), decodes them and
-        writes Parquet files; the driver gets back one manifest row per range."""
-        from .source import INGEST_NAME  # imports pyspark: only once there is work to do
 
-        pipeline = self.pipeline
-        groups = group_tasks(tasks, self.spark.sparkContext.defaultParallelism, pipeline.limits.max_records_per_partition)
-        spec = TaskSpec(
-            format_type=pipeline.format.type, schema_ddl=pipeline.format.ddl, table_uri=pipeline.sink.table_uri,
-            quarantine_uri=pipeline.sink.quarantine_uri, partition_by=pipeline.sink.partition_by,
-            quarantine_floors=by_text(floors), storage_options=dict(pipeline.sink.storage_options),
-        )
-        reader = (
-            self.spark.read.format(INGEST_NAME)
-            .option("pipeline", pipeline.name)
-            .option("tasks", json.dumps([[[t.topic, t.partition, t.start, t.end] for t in group] for group in groups]))
-            .option("maxBytesPerTask", str(budget))
-            .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
-            .option("sink", spec.to_json())
-        )
-        for key, value in consumer_config(pipeline).items():
-            reader = reader.option(f"kafka.{key}", value)
-        for key, value in pipeline.sink.storage_options.items():
-            reader = reader.option(f"storage.{key}", value)
-        try:
-            rows = reader.load().collect()
-        except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
-            raise task_failure(exc, pipeline.name, groups) from exc
-        return [RangeResult.from_json(row["range"]) for row in rows]
+def slots(spark) -> int:
+    """How many tasks the cluster runs at once (Spark Connect has no SparkContext to ask)."""
+    try:
+        return spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect
+        return int(spark.conf.get("spark.default.parallelism", None) or os.cpu_count() or 1)
 
 
-def task_failure(exc: BaseException, pipeline: str, groups: list[list[OffsetRange]]) -> TaskFailed:
-    """A failed Spark job as one line naming the ranges of the task that failed (Spark names its
-    index, which is the group's: one input partition per group), else of every task."""
-    found = re.search(r"Task (\d+) in stage [\d.]+ failed", str(exc))
-    failed = [groups[int(found.group(1))]] if found and int(found.group(1)) < len(groups) else groups
-    ranges = [r for group in failed for r in group]
-    return TaskFailed(f"pipeline {pipeline}: the Spark task reading {', '.join(map(str, ranges))} failed: {root_cause(exc)}",
-                      ranges=[str(r) for r in ranges])
+def _probe_options(spec: TaskSpec) -> dict[str, str]:
+    """Options of a records DataFrame that reads nothing: what Spark's analysis of a transform needs."""
+    options = {"tasks": "[]", "maxBytesPerTask": "1", "spec": spec.to_json(), "staging": "probe"}
+    for prefix, settings in (("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
+        options.update({f"{prefix}{k}": v for k, v in settings.items()})
+    return options
 
 
 def check_plan(pipeline: Pipeline, plan: Plan) -> None:
@@ -317,7 +286,7 @@ def run(
         report.seconds = time.monotonic() - started
         return report
     log.info("%s", describe(plan))
-    ensure_tables(pipeline)
+    state.prepare()
     state.progress = Progress(pipeline.name, len(plan.batches), state.offsets_left(pending))
     for batch in plan.batches:
         report.batches.append(state.ingest(batch))

@@ -1,4 +1,5 @@
-"""Arrow schemas: the Kafka source's rows, the declared JSON schema (Spark DDL), and the tables.
+"""Arrow schemas: the Kafka records as read, the decoded records (the view ``records``), the
+quarantine table, and which columns may partition a table.
 
 Every table carries the record's Kafka coordinates in `_kafka_*` columns, so the exactly-once
 invariant can be checked by counting (partition, offset) pairs in the table itself.
@@ -6,10 +7,13 @@ invariant can be checked by counting (partition, offset) pairs in the table itse
 
 from __future__ import annotations
 
-import re
+import base64
+
 import pyarrow as pa
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+# Spark's Kafka source's `headers` column (includeHeaders), as PySpark's Arrow conversion has it.
+HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])))
 
 # The Spark Kafka source's columns (without headers), as the Python Data Source yields them.
 # Arrow types match Spark's exactly: Spark rejects e.g. int64 for an IntegerType column.
@@ -25,9 +29,9 @@ KAFKA_RECORD_SCHEMA = pa.schema(
     ]
 )
 
-# What a task reads before decoding: those columns plus Kafka's raw timestamp in milliseconds
-# (``timestamp`` is null where a microsecond timestamp cannot hold it).
-RECORD_SCHEMA = KAFKA_RECORD_SCHEMA.append(pa.field("timestamp_ms", pa.int64()))
+# What a task reads before decoding: those columns, the headers (null unless asked for), and
+# Kafka's raw timestamp in milliseconds (``timestamp`` is null where a microsecond timestamp cannot hold it).
+RECORD_SCHEMA = KAFKA_RECORD_SCHEMA.append(pa.field("headers", HEADERS_TYPE)).append(pa.field("timestamp_ms", pa.int64()))
 
 METADATA_FIELDS = [
     pa.field("_kafka_topic", pa.string(), nullable=False),
@@ -42,105 +46,54 @@ QUARANTINE_SCHEMA = pa.schema(
     + METADATA_FIELDS
 )
 
+# Types a partition column may have: their values read back exactly from a partition directory name.
 PARTITIONABLE_TYPES = {"string", "int8", "int16", "int32", "int64", "date32[day]", "bool"}
-
-_SIMPLE_TYPES = {
-    "tinyint": pa.int8(), "byte": pa.int8(),
-    "smallint": pa.int16(), "short": pa.int16(),
-    "int": pa.int32(), "integer": pa.int32(),
-    "bigint": pa.int64(), "long": pa.int64(),
-    "float": pa.float32(), "real": pa.float32(),
-    "double": pa.float64(),
-    "string": pa.string(),
-    "boolean": pa.bool_(),
-    "binary": pa.binary(),
-    "date": pa.date32(),
-    "timestamp": TIMESTAMP,
-    "timestamp_ntz": pa.timestamp("us"),
-}
-_COLUMN = re.compile(r"^\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*(NOT\s+NULL)?\s*$", re.I)
-_DECIMAL = re.compile(r"^decimal\s*\(\s*(\d+)\s*,\s*(\d+)\s*\)$", re.I)
-_SIZED_STRING = re.compile(r"^(var)?char\s*\(\s*\d+\s*\)$", re.I)
 
 
 class SchemaError(ValueError):
     pass
 
 
-def parse_schema(ddl: str) -> pa.Schema:
-    """A Spark DDL column list ("id BIGINT, name STRING NOT NULL") as an Arrow schema.
-
-    Flat types only: the JSON reader needs every column typed, and nested DDL would need a
-    real parser; a nested field can be declared STRING and parsed downstream.
-    """
-    fields = []
-    for part in _split_columns(ddl):
-        match = _COLUMN.match(part)
-        if not match:
-            raise SchemaError(f"cannot read column definition {part.strip()!r}")
-        name, type_text, not_null = match.group(1).strip("`"), match.group(2).strip(), match.group(3)
-        check_column_name(name)
-        fields.append(pa.field(name, _parse_type(name, type_text), nullable=not not_null))
-    if not fields:
-        raise SchemaError("declares no columns")
-    names = [f.name.lower() for f in fields]
-    duplicates = sorted({f.name for f in fields if names.count(f.name.lower()) > 1})
-    if duplicates:
-        raise SchemaError(f"duplicate column {duplicates[0]!r} (Delta column names ignore case)")
-    return pa.schema(fields)
+def key_type(key_format, value_format_type: str, declared: pa.Schema | None) -> pa.DataType | None:
+    """The ``key`` column's type for a key format known from the config alone (None: no key column;
+    avro/protobuf keys are typed by the registry at run time). Format raw keeps its key as bytes."""
+    kind = key_format.type if key_format is not None else ("raw" if value_format_type == "raw" else None)
+    if kind is None:
+        return None
+    return {"raw": pa.binary(), "string": pa.string()}.get(kind) or (pa.struct(list(declared)) if declared else None)
 
 
-# Characters Delta tables without column mapping cannot hold in a column name (Spark refuses to
-# read or write such a table), though Arrow and Parquet take them.
-_INVALID_NAME_CHARACTERS = " ,;{}()\n\t="
-
-
-def check_column_name(name: str) -> None:
-    if name.lower().startswith("_kafka_"):
-        raise SchemaError(f"column {name!r}: the _kafka_ prefix is reserved for record metadata")
-    bad = sorted({c for c in name if c in _INVALID_NAME_CHARACTERS})
-    if bad or not name:
-        raise SchemaError(f"column {name!r}: a Delta table without column mapping cannot hold a column name "
-                          f"{'with ' + ' '.join(repr(c) for c in bad) if bad else 'that is empty'}")
-
-
-def _split_columns(ddl: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for char in ddl:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return [p for p in parts if p.strip()]
-
-
-def _parse_type(name: str, text: str) -> pa.DataType:
-    lowered = text.lower()
-    if lowered in _SIMPLE_TYPES:
-        return _SIMPLE_TYPES[lowered]
-    if _SIZED_STRING.match(text):
-        return pa.string()
-    decimal = _DECIMAL.match(text)
-    if decimal:
-        precision, scale = int(decimal.group(1)), int(decimal.group(2))
-        if not 1 <= precision <= 38 or scale > precision:
-            raise SchemaError(f"column {name!r}: DECIMAL({precision},{scale}) is out of range")
-        return pa.decimal128(precision, scale)
-    raise SchemaError(
-        f"column {name!r}: unsupported type {text!r} (supported: {', '.join(sorted(_SIMPLE_TYPES))}, "
-        "DECIMAL(p,s), VARCHAR(n))"
-    )
-
-
-def main_table_schema(format_type: str, schema_ddl: str | None) -> pa.Schema:
-    if format_type == "json":
-        declared = list(parse_schema(schema_ddl))
+def records_schema(value_type: str, value_columns: pa.Schema | None, key: pa.DataType | None, headers: bool) -> pa.Schema:
+    """The decoded records' columns, the view ``records`` a transform reads and the table without one:
+    ``key`` (when the pipeline has one), the value's columns (``value`` for raw and string, else the
+    record's fields), ``headers`` (when asked for) and the Kafka coordinates."""
+    fields = [pa.field("key", key)] if key is not None else []
+    if value_type in ("raw", "string"):
+        fields.append(pa.field("value", pa.binary() if value_type == "raw" else pa.string()))
     else:
-        declared = [pa.field("key", pa.binary()), pa.field("value", pa.binary())]
-    return pa.schema(declared + METADATA_FIELDS)
+        fields += list(value_columns)
+    if headers:
+        fields.append(pa.field("headers", HEADERS_TYPE))
+    return pa.schema(fields + METADATA_FIELDS)
+
+
+def check_partition_by(schema: pa.Schema, partition_by) -> None:
+    """SchemaError unless every partition column is a column of ``schema`` of a partitionable type,
+    and some column is left for the data files."""
+    for column in partition_by:
+        if schema.get_field_index(column) < 0:
+            raise SchemaError(f"{column!r} is not a column of the table ({', '.join(schema.names)})")
+        if str(schema.field(column).type) not in PARTITIONABLE_TYPES:
+            raise SchemaError(f"{column!r} has type {schema.field(column).type}; partition by one of "
+                              f"{', '.join(sorted(PARTITIONABLE_TYPES))}")
+    if len(partition_by) >= len(schema.names):
+        raise SchemaError("cannot partition by every column")
+
+
+def schema_text(schema: pa.Schema) -> str:
+    """An Arrow schema as text, exactly (Arrow IPC, base64): how table schemas travel in options."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

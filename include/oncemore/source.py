@@ -6,12 +6,16 @@ to look at a range in Spark. Options follow Spark's Kafka source: ``startingOffs
 and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
 ``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
 
-``oncemore_ingest`` is what runs do: option ``tasks`` lists the Spark tasks, each a list of
-ranges ``[[topic, partition, start, end], ...]`` (planner.group_tasks); a task streams each of its
-ranges in turn through the decoder into Parquet files in the tables' directories, stops each at
-``maxBytesPerTask`` key + value bytes, and yields one manifest row per range (writer.RangeResult). Records never cross into the JVM: a round trip from the source to a
-mapInArrow stage cost more than reading, parsing and writing together (measured: 91k rec/s that
-way on 2 cores). ``sink`` carries the writer.TaskSpec as JSON, ``storage.<KEY>`` its storage options.
+What runs read: option ``tasks`` lists the Spark tasks, each a list of ranges ``[[topic,
+partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
+``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
+``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
+Spark redacts the secret ones.
+- ``oncemore_ingest``: records stay in Python. Each range is decoded and written to both tables'
+  files, and the task yields one manifest row per range (tasks.RangeResult): crossing into the JVM
+  costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
+- ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
+  ``oncemore_delta`` sink (sink.py); each range's RangeResult goes to the part's staging area.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from .coordinates import KafkaPartition, flat, nested
 from .kafka import range_consumer
 from .records import RangeRecords
 from .schema import KAFKA_RECORD_SCHEMA
-from .writer import MANIFEST_SCHEMA, TaskSpec, manifest_batch, write_task
+from .staging import Staging
+from .tasks import MANIFEST_SCHEMA, TaskSpec, decode_range, ingest_range, manifest_batch
 
 NAME = "oncemore_kafka"
 INGEST_NAME = "oncemore_ingest"
+RECORDS_NAME = "oncemore_records"
 
 
 class KafkaTaskPartition(InputPartition):
@@ -118,6 +124,34 @@ class KafkaRangeReader(_RangeReader):
                 yield batch.select(KAFKA_RECORD_SCHEMA.names)
 
 
+def task_spec(options) -> TaskSpec:
+    """The TaskSpec of ``options`` (option ``spec``), with its settings from their own options."""
+    return TaskSpec.from_json(options["spec"], _prefixed(options, "storage."), _prefixed(options, "registry.") or None,
+                              _prefixed(options, "key.registry.") or None)
+
+
+class _TaskReader(_RangeReader):
+    """A run's task ranges (option ``tasks``: per Spark task, ranges [topic, partition, start,
+    end]), each read up to ``maxBytesPerTask`` bytes and decoded by one decoder per task."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.tasks = [[tuple(r) for r in task] for task in json.loads(options["tasks"])]
+        self.max_bytes = int(options["maxBytesPerTask"])
+        self.spec = task_spec(options)
+
+    def partitions(self) -> list[KafkaTaskPartition]:
+        return [KafkaTaskPartition(ranges) for ranges in self.tasks]
+
+    def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
+        faults.reach("task")
+        with range_consumer(self.kafka_config) as consumer:
+            for topic, partition, start, end in task.ranges:
+                yield RangeRecords(consumer, topic, partition, start, end, self.stall_timeout,
+                                   f"pipeline {self.pipeline}: {topic}/{partition}", self.max_bytes,
+                                   headers=self.spec.records.headers)
+
+
 class KafkaIngestDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -130,21 +164,51 @@ class KafkaIngestDataSource(DataSource):
         return KafkaIngestReader(self.options)
 
 
-class KafkaIngestReader(_RangeReader):
-    def __init__(self, options):
-        super().__init__(options)
-        self.tasks = [[tuple(r) for r in task] for task in json.loads(options["tasks"])]
-        self.max_bytes = int(options["maxBytesPerTask"])
-        self.spec = TaskSpec.from_json(options["sink"], _prefixed(options, "storage."))
-
-    def partitions(self) -> list[KafkaTaskPartition]:
-        return [KafkaTaskPartition(ranges) for ranges in self.tasks]
+class KafkaIngestReader(_TaskReader):
+    """Records that stay in Python: each range decoded and written to both tables' files; one
+    manifest row (a RangeResult) per range."""
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
-        faults.reach("task")
-        with range_consumer(self.kafka_config) as consumer:
-            for topic, partition, start, end in task.ranges:
-                records = self.records(consumer, topic, partition, start, end, self.max_bytes)
-                yield manifest_batch(write_task(records, self.spec))
+        decoder = self.spec.decoder()
+        for records in self.ranges(task):
+            yield manifest_batch(ingest_range(records, self.spec, decoder))
+
+
+class KafkaRecordsDataSource(DataSource):
+    """The decoded records of a run's part, as the DataFrame a transform reads (the view ``records``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return RECORDS_NAME
+
+    def schema(self) -> StructType:
+        return from_arrow_schema(task_spec(self.options).records.schema(
+            _prefixed(self.options, "registry.") or None, _prefixed(self.options, "key.registry.") or None))
+
+    def reader(self, schema) -> "KafkaRecordsReader":
+        return KafkaRecordsReader(self.options)
+
+
+class KafkaRecordsReader(_TaskReader):
+    """Records that go through Spark: each range's good rows yielded, its quarantine rows written
+    to the quarantine table's files, and its RangeResult put in the part's staging area (option
+    ``staging``), where the sink's commit takes it."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.staging = options["staging"]
+
+    def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
+        if task is None:
+            return
+        staging = Staging(self.spec.quarantine_uri, self.staging, self.spec.storage_options)
+        decoder = self.spec.decoder()
+        schema = decoder.schema
+        for records in self.ranges(task):
+            rows, decoding = decode_range(records, self.spec, decoder)
+            for table in rows:
+                yield from table.cast(schema).to_batches()
+            result = decoding.result()
+            staging.put(f"range-{result.topic}-{result.partition}-{result.start}", result.to_json())

@@ -20,8 +20,6 @@ MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 def spark_session(master: str | None = None):
     from pyspark.sql import SparkSession
 
-    from .source import KafkaIngestDataSource, KafkaRangeDataSource
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("oncemore")
     master = master or os.environ.get(MASTER_ENV)
@@ -39,9 +37,16 @@ def spark_session(master: str | None = None):
     )
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
         spark.sparkContext.addPyFile(package_zip())
-    spark.dataSource.register(KafkaRangeDataSource)
-    spark.dataSource.register(KafkaIngestDataSource)
+    register_sources(spark)
     return spark
+
+
+def register_sources(spark) -> None:
+    from .sink import DeltaSinkDataSource
+    from .source import KafkaIngestDataSource, KafkaRangeDataSource, KafkaRecordsDataSource
+
+    for source in (KafkaRangeDataSource, KafkaIngestDataSource, KafkaRecordsDataSource, DeltaSinkDataSource):
+        spark.dataSource.register(source)
 
 
 @lru_cache(maxsize=1)

@@ -1,17 +1,19 @@
-"""Executor side of the sink: a task's records, decoded, written as Parquet files into the tables.
+"""Executor side of the sink: rows written as Parquet files with Delta statistics under a table's
+root, in Hive-style partition directories, in the table's schema.
 
 Files are invisible until the driver's commit references them (committer.py), so a task that
-fails or is cut short leaves only unreferenced files. A task reports a TaskResult: the offsets it
-covered (it may stop early at its byte budget), the bytes it read, and each file with its Delta
-statistics and offset range. Memory is bounded by rows and bytes at every stage (record batches,
-row groups, files), never by the range or by the values' size.
+fails or is cut short leaves only unreferenced files. Each file is reported as a DataFile: its
+statistics and, per Kafka partition, the offsets it holds, which the driver checks against the
+ranges it commits. Memory is bounded by rows and bytes at every stage (row groups, files), never
+by the range or by the values' size. A row a Delta table could not read back as written (an
+empty string as a partition value: Delta reads it as NULL) is named, never written.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import date
 from typing import Iterable, Iterator, Mapping
 
@@ -20,10 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .decode import Decoder
-from .records import RangeRecords
-from .coordinates import KafkaPartition
-from .schema import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, main_table_schema
+from .schema import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
 from .stats import FileStats
 from .storage import filesystem
 
@@ -56,93 +55,52 @@ class DataFile:
         return cls(**data)
 
 
-@dataclass(frozen=True)
-class RangeResult:
-    """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget
-    may stop it early), holding ``records`` data records (transaction markers and aborted records
-    hold offsets but no record), ``quarantined`` of which did not decode; ``files`` hold them."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-    reached: int
-    bytes_read: int
-    records: int
-    quarantined: int
-    files: tuple[DataFile, ...]
-
-    @property
-    def key(self) -> KafkaPartition:
-        return KafkaPartition(self.topic, self.partition)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "RangeResult":
-        data = json.loads(text)
-        return cls(**{**data, "files": tuple(DataFile.from_dict(f) for f in data["files"])})
-
-
-# A RangeResult as the one row per range an ingest task yields to the driver.
-MANIFEST_SCHEMA = pa.schema([("range", pa.string())])
-
-
-def manifest_batch(result: RangeResult) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([{"range": result.to_json()}], schema=MANIFEST_SCHEMA)
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a task needs to turn its records into table files. Travels as data source options:
-    ``to_json`` without the storage options, which go one option each (``storage.<KEY>``) so
-    Spark's redaction masks secret ones by key in plans, logs and the UI."""
-
-    format_type: str
-    schema_ddl: str | None
-    table_uri: str
-    quarantine_uri: str
-    partition_by: tuple[str, ...]
-    # Per "topic/partition", the first offset the quarantine table still needs (its own position).
-    quarantine_floors: dict[str, int]
-    storage_options: dict[str, str]
-
-    def to_json(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if k != "storage_options"})
-
-    @classmethod
-    def from_json(cls, text: str, storage_options: dict[str, str]) -> "TaskSpec":
-        data = json.loads(text)
-        data["partition_by"] = tuple(data["partition_by"])
-        return cls(**data, storage_options=storage_options)
-
-
-def write_task(records: RangeRecords, spec: TaskSpec) -> RangeResult:
-    """Decodes a range's records and writes them as Parquet files into both tables."""
-    decoder = Decoder(spec.format_type, spec.schema_ddl, spec.partition_by)
-    main = TableWriter("main", spec.table_uri, main_table_schema(spec.format_type, spec.schema_ddl),
-                       spec.partition_by, spec.storage_options)
-    quarantine = TableWriter("quarantine", spec.quarantine_uri, QUARANTINE_SCHEMA, (), spec.storage_options)
-    floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
-    count = quarantined = 0
-    for batch in records:
-        decoded = decoder.decode(batch)
-        count += batch.num_rows
-        quarantined += decoded.bad.num_rows
-        main.write(decoded.good)
-        if decoded.bad.num_rows:
-            quarantine.write(decoded.bad.filter(pc.greater_equal(decoded.bad.column(OFFSET_COLUMN), floor)))
-    return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
-                       records.bytes_read, count, quarantined, tuple(main.close() + quarantine.close()))
-
-
 def kafka_offsets(rows: pa.Table) -> dict[str, tuple[int, int, int]]:
     """Per "topic/partition" of ``rows``: the lowest and highest offset and the number of rows."""
     grouped = rows.group_by([TOPIC_COLUMN, PARTITION_COLUMN]).aggregate(
         [(OFFSET_COLUMN, "min"), (OFFSET_COLUMN, "max"), (OFFSET_COLUMN, "count")])
     return {f"{g[TOPIC_COLUMN]}/{g[PARTITION_COLUMN]}": (g[f"{OFFSET_COLUMN}_min"], g[f"{OFFSET_COLUMN}_max"],
                                                         g[f"{OFFSET_COLUMN}_count"]) for g in grouped.to_pylist()}
+
+
+def empty_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
+    """By row, why a row cannot be stored: an empty string in a partition column (Delta reads an
+    empty partition value as NULL, protocol: Partition Value Serialization)."""
+    problems: dict[int, str] = {}
+    for column in partition_by:
+        if pa.types.is_string(rows.schema.field(column).type):
+            for row in pc.indices_nonzero(pc.fill_null(pc.equal(rows.column(column), ""), False)).to_pylist():
+                problems.setdefault(row, f"column {column!r} partitions the table and Delta reads an empty "
+                                         "partition value as NULL: the row would not read back as sent")
+    return problems
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` in the table's ``schema``: its columns in its order, a column or a struct field the
+    rows lack (the table gained it by schema evolution, or the records no longer have it) as NULL."""
+    if rows.schema.equals(schema, check_metadata=False):
+        return rows
+    arrays = [_conform(rows.column(f.name).combine_chunks(), f.type) if f.name in rows.column_names
+              else pa.nulls(rows.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
+    if array.type.equals(kind):
+        return array
+    if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
+        children = {array.type.field(i).name: array.field(i) for i in range(array.type.num_fields)}
+        fields = list(kind)
+        arrays = [_conform(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
+                  for f in fields]
+        return pa.StructArray.from_arrays(arrays, fields=fields, mask=array.is_null())
+    if pa.types.is_list(kind) and pa.types.is_list(array.type):
+        values = _conform(array.flatten(), kind.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, type=kind, mask=array.is_null())
+    if pa.types.is_map(kind) and pa.types.is_map(array.type):
+        items = _conform(array.items, kind.item_type)
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=array.is_null())
+    return array.cast(kind)
 
 
 def partition_value_text(value) -> str | None:

@@ -1,0 +1,100 @@
+"""The Spark work of one part of a batch, in one of two shapes (DESIGN.md):
+
+- ``ingest_job``: records stay in Python (no transform, no expectations). One job whose tasks
+  read, decode and write both tables' files; the RangeResults come back through ``collect`` and the
+  run commits them (partcommit).
+- ``shaped_job``: records go through Spark. The ``oncemore_records`` source's DataFrame, shaped by
+  the transform and the expectations (transform.py), written by the ``oncemore_delta`` sink, whose
+  driver-side commit makes the part's commits; its outcome comes back through the staging area.
+
+A job that fails names the ranges of the task that failed (Spark names the task's index, the
+index of its group of ranges in the reading stage) and the cause, a dead Python worker included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Callable
+
+from .config import Pipeline
+from .errors import OncemoreError, TaskFailed, root_cause
+from .kafka import consumer_config
+from .partcommit import Part, PartOutcome
+from .planner import OffsetRange
+from .schema import schema_text
+from .staging import Staging
+from .tasks import RangeResult, TaskSpec
+
+
+class PartLost(OncemoreError):
+    """The sink's commit ran but left no outcome: a commit of this part may or may not have landed."""
+
+
+def _reader(spark, source: str, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
+    reader = (
+        spark.read.format(source)
+        .option("pipeline", pipeline.name)
+        .option("tasks", json.dumps([[[t.topic, t.partition, t.start, t.end] for t in group] for group in groups]))
+        .option("maxBytesPerTask", str(budget))
+        .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
+        .option("spec", spec.to_json())
+    )
+    settings = [("kafka.", consumer_config(pipeline)), ("storage.", spec.storage_options),
+                ("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})]
+    for prefix, options in settings:
+        for key, value in options.items():
+            reader = reader.option(f"{prefix}{key}", value)
+    return reader
+
+
+def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> list[RangeResult]:
+    from .source import INGEST_NAME  # imports pyspark: only once there is work to do
+
+    try:
+        rows = _reader(spark, INGEST_NAME, pipeline, spec, groups, budget).load().collect()
+    except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
+        raise task_failure(exc, pipeline.name, groups) from exc
+    return [RangeResult.from_json(row["range"]) for row in rows]
+
+
+def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int, part: Part,
+               shape: Callable) -> PartOutcome:
+    from .sink import NAME as SINK
+    from .source import RECORDS_NAME
+
+    staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
+    records = _reader(spark, RECORDS_NAME, pipeline, spec, groups, budget).option("staging", part.staging_id).load()
+    writer = (
+        shape(records).write.format(SINK).mode("append")
+        .option("part", part.to_json())
+        .option("tableSchema", schema_text(spec.table_schema))
+        .option("expectations", json.dumps([{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations]))
+        .option("floors", json.dumps(spec.quarantine_floors))
+    )
+    for key, value in spec.storage_options.items():
+        writer = writer.option(f"storage.{key}", value)
+    try:
+        writer.save()
+        outcomes = staging.get("outcome")
+        if not outcomes:
+            raise PartLost(f"pipeline {pipeline.name}: the commit of batch {part.batch_seq} left no outcome; "
+                           "run again: a rerun finds whatever landed", staging=part.staging_id)
+        return PartOutcome.from_json(outcomes[0])
+    except OncemoreError:
+        raise
+    except Exception as exc:
+        raise task_failure(exc, pipeline.name, groups) from exc
+    finally:
+        staging.remove()
+
+
+def task_failure(exc: BaseException, pipeline: str, groups: list[list[OffsetRange]]) -> TaskFailed:
+    """A failed Spark job as one line naming the ranges of the task that failed (Spark names its
+    index, which is the group's in the reading stage), else of every task."""
+    found = re.search(r"Task (\d+) in stage [\d.]+ failed", str(exc))
+    failed = [groups[int(found.group(1))]] if found and int(found.group(1)) < len(groups) else groups
+    ranges = [r for group in failed for r in group]
+    return TaskFailed(f"pipeline {pipeline}: the Spark task reading {', '.join(map(str, ranges))} failed: {root_cause(exc)}",
+                      ranges=[str(r) for r in ranges])
+

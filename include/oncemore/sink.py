@@ -1,0 +1,154 @@
+"""``oncemore_delta``: the Spark Python Data Source writer at the end of a run's DataFrame, whose
+driver-side ``commit(messages)`` is the part's Delta commits.
+
+Each writing task (``write``) takes the shaped rows of any Kafka partitions, splits off the rows
+failing an expectation (quarantined as the row the transform made, in JSON, with the
+expectation's name; or, for ``on_fail: fail``, failing the task naming expectation, topic,
+partition and offset) and rows a Delta table could not read back (an empty string as a partition
+value), and writes the rest in the table's schema; its message lists its files and counts.
+``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
+to partcommit.commit_part, which re-reads the positions right before committing, wherever
+Spark's driver runs (a spark-submit, a Spark Connect server); the outcome goes to the staging area
+for the run. ``abort`` deletes the files the messages name: nothing was committed with them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from .committer import delete_files
+from .coordinates import KafkaPartition
+from .errors import OncemoreError
+from .partcommit import Part, Written, commit_part
+from .schema import METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, schema_from_text
+from .staging import Staging
+from .tasks import RangeResult
+from .transform import VERDICT_PREFIX
+from .writer import DataFile, TableWriter, conform, empty_partition_values
+
+NAME = "oncemore_delta"
+
+
+class ExpectationFailed(OncemoreError):
+    """A row failed an expectation whose ``on_fail`` is ``fail``."""
+
+
+@dataclass
+class WrittenFiles(WriterCommitMessage):
+    files: list[dict]
+    violations: dict[str, int]
+    violations_by_partition: dict[str, int]
+
+
+class DeltaSinkDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema, overwrite: bool) -> "DeltaSinkWriter":
+        return DeltaSinkWriter(self.options)
+
+
+class DeltaSinkWriter(DataSourceArrowWriter):
+    """Options: ``part`` (partcommit.Part JSON), ``tableSchema`` (Arrow IPC, base64),
+    ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``floors``
+    ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
+
+    def __init__(self, options):
+        self.part = Part.from_json(options["part"])
+        self.table_schema = schema_from_text(options["tableSchema"])
+        self.expectations = json.loads(options["expectations"])
+        self.floors = json.loads(options["floors"])
+        self.storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
+        main = TableWriter("main", self.part.table_uri, self.table_schema, self.part.partition_by, self.storage)
+        quarantine = TableWriter("quarantine", self.part.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage)
+        violations: Counter = Counter()
+        by_partition: Counter = Counter()
+        verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(self.expectations))]
+        for batch in iterator:
+            rows = pa.Table.from_batches([batch])
+            errors = self._failed_expectations(rows, verdicts, violations)
+            rows = rows.drop_columns(verdicts)
+            for i, message in empty_partition_values(rows, self.part.partition_by).items():
+                errors.setdefault(i, message)
+            if errors:
+                failing = sorted(errors)
+                bad = rows.take(failing)
+                for text in (f"{t}/{p}" for t, p in zip(bad.column(TOPIC_COLUMN).to_pylist(),
+                                                         bad.column(PARTITION_COLUMN).to_pylist())):
+                    by_partition[text] += 1
+                quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
+                keep = pa.array([i not in errors for i in range(rows.num_rows)])
+                rows = rows.filter(keep)
+            if rows.num_rows:
+                main.write(conform(rows, self.table_schema))
+        files = main.close() + quarantine.close()
+        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition))
+
+    def _failed_expectations(self, rows: pa.Table, verdicts: list[str], violations: Counter) -> dict[int, str]:
+        errors: dict[int, str] = {}
+        for expectation, column in zip(self.expectations, verdicts):
+            failing = pc.indices_nonzero(pc.invert(rows.column(column))).to_pylist()
+            if not failing:
+                continue
+            violations[expectation["name"]] += len(failing)
+            if expectation["on_fail"] == "fail":
+                first = rows.slice(failing[0], 1).to_pylist()[0]
+                raise ExpectationFailed(
+                    f"pipeline {self.part.pipeline}: expectation {expectation['name']} failed for "
+                    f"{first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset {first[OFFSET_COLUMN]} "
+                    f"({len(failing)} rows of this task); nothing was committed",
+                    expectation=expectation["name"], topic=first[TOPIC_COLUMN], partition=first[PARTITION_COLUMN],
+                    offset=first[OFFSET_COLUMN])
+            for i in failing:
+                errors.setdefault(i, f"expectation {expectation['name']} failed")
+        return errors
+
+    def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
+        """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
+        bytes are no longer at hand), its coordinates, and the reason; rows under the quarantine
+        table's own position are already there (a crash between a batch's two commits)."""
+        values = [json.dumps({k: v for k, v in row.items() if not k.startswith("_kafka_")}, default=str).encode()
+                  for row in bad.to_pylist()]
+        table = pa.Table.from_arrays(
+            [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string())]
+            + [bad.column(f.name) for f in METADATA_FIELDS], schema=QUARANTINE_SCHEMA)
+        floors = pa.array([self.floors.get(f"{t}/{p}", 0) for t, p in zip(table.column(TOPIC_COLUMN).to_pylist(),
+                                                                          table.column(PARTITION_COLUMN).to_pylist())],
+                          pa.int64())
+        return table.filter(pc.greater_equal(table.column(OFFSET_COLUMN), floors))
+
+    def commit(self, messages: list[WrittenFiles | None]) -> None:
+        staging = Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
+        results = _one_per_range(RangeResult.from_json(t) for t in staging.get("range-"))
+        written = Written(
+            files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
+            violations=sum((Counter(m.violations) for m in messages if m), Counter()),
+            violations_by_partition={KafkaPartition.parse(k): v for k, v in
+                                     sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
+        )
+        outcome = commit_part(self.part, results, written, self.table_schema, self.storage)
+        staging.put("outcome", outcome.to_json())
+
+    def abort(self, messages: list[WrittenFiles | None]) -> None:
+        files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
+        for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):
+            delete_files(uri, [f for f in files if f.table == table], self.storage)
+
+
+def _one_per_range(results) -> list[RangeResult]:
+    """One RangeResult per range: a retried or speculative task attempt left another (both read the
+    same records); the other's files are never committed (vacuum removes them)."""
+    chosen: dict[tuple, RangeResult] = {}
+    for result in sorted(results, key=lambda r: (r.topic, r.partition, r.start, r.reached)):
+        chosen.setdefault((result.topic, result.partition, result.start), result)
+    return list(chosen.values())

@@ -1,0 +1,118 @@
+"""The pipeline's two tables made ready before a run writes a file: created when missing, checked
+(writer features and constraints oncemore cannot honour, partitioning), and the main table's schema
+brought to the records' by the rules of evolution.py.
+
+Nothing here moves a position. A table oncemore cannot write correctly is refused before anything
+is read, naming what it asks of writers. A schema change is a commit of its own, made before the
+first data commit that needs it (delta-rs 1.6.6's append commit cannot carry one: its
+``create_write_transaction`` ignores a new schema): a crash between them leaves a table with a new
+nullable column and no rows using it yet, which is what the data commit would show for the rows
+before it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+from deltalake import DeltaTable, Schema
+from pyspark.sql.types import StructType
+
+from .config import Pipeline
+from .errors import InvalidDataFile, UnsupportedTable
+from .evolution import arrow_schema, evolve, spark_schema
+from .ledger import open_table
+from .schema import QUARANTINE_SCHEMA
+from .storage import table_location
+
+log = logging.getLogger("oncemore")
+
+
+# Writer features that appending files with add actions honours as it is. Any other feature asks
+# writers for work oncemore does not do (row IDs, column mapping, v2 checkpoints, Iceberg metadata).
+HONOURED_WRITER_FEATURES = frozenset({
+    "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
+    # Harmless while no column or table uses them; check_writable looks at the table itself.
+    "invariants", "checkConstraints", "generatedColumns", "identityColumns",
+})
+
+
+def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
+                 storage_options: Mapping[str, str] | None = None, evolution: str = "add_columns") -> pa.Schema:
+    """Opens the table, creating it when missing, and brings its schema to ``schema``'s by the
+    rules of evolution.py (delta-rs's alter.add_columns; an append commit cannot carry a schema
+    change in delta-rs 1.6.6); returns the table's schema, the one its files are written in."""
+    location = table_location(table_uri)
+    options = dict(storage_options) if storage_options else None
+    table = open_table(location, options)
+    if table is None:
+        try:
+            table = DeltaTable.create(
+                location, schema, mode="error", partition_by=list(partition_by) or None, name=name,
+                description=description, storage_options=options,
+            )
+        except Exception:
+            # Another run created it first (version 0 exists): use theirs.
+            table = open_table(location, options)
+            if table is None:
+                raise
+    check_writable(table, table_uri)
+    if list(table.metadata().partition_columns) != list(partition_by):
+        raise InvalidDataFile(
+            f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
+            f"the pipeline says {list(partition_by)}", table_uri=table_uri,
+        )
+    for attempt in range(2):
+        current = StructType.fromJson(json.loads(table.schema().to_json()))
+        merged, added = evolve(current, spark_schema(schema), evolution, f"table {table_uri}")
+        if not added:
+            return arrow_schema(merged)
+        changed = {f.name for f in merged.fields} - {f.name for f in current.fields if f in merged.fields}
+        try:
+            table.alter.add_columns([f for f in Schema.from_json(merged.json()).fields if f.name in changed])
+            log.info("table %s: added %s", table_uri, ", ".join(added))
+            return arrow_schema(merged)
+        except Exception:
+            if attempt:  # a concurrent run added them first: the schema it left is compared again
+                raise
+            table = open_table(location, options)
+    raise AssertionError("unreachable")
+
+
+def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
+    """The pipeline's main table (its schema brought to ``schema``'s; returned) and quarantine table,
+    created when missing, checked otherwise."""
+    options, subscription = pipeline.sink.storage_options, pipeline.source.describe_subscription()
+    ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
+                 f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored",
+                 options)
+    return ensure_table(pipeline.sink.table_uri, schema, pipeline.sink.partition_by, pipeline.name,
+                        f"oncemore pipeline {pipeline.name}: {subscription}", options, pipeline.sink.schema_evolution)
+
+
+def check_writable(table: DeltaTable, table_uri: str) -> None:
+    """Refuses, before anything is written, a table whose writers must check or compute values:
+    oncemore adds files it wrote itself, so it can neither enforce a CHECK constraint or an
+    invariant nor fill a generated or identity column; or one needing a writer feature it does
+    not honour. A row violating a constraint therefore never lands in a commit of oncemore's."""
+    configuration = table.metadata().configuration
+    fields = json.loads(table.schema().to_json())["fields"]
+    asks = [f"CHECK constraint {key.removeprefix('delta.constraints.')} ({value})"
+            for key, value in sorted(configuration.items()) if key.startswith("delta.constraints.")]
+    for field in fields:
+        metadata = field.get("metadata") or {}
+        asks += [f"invariant on column {field['name']}"] if "delta.invariants" in metadata else []
+        asks += [f"generated column {field['name']}"] if "delta.generationExpression" in metadata else []
+        asks += [f"identity column {field['name']}"] if any(k.startswith("delta.identity.") for k in metadata) else []
+    mode = configuration.get("delta.columnMapping.mode", "none")
+    asks += [f"column mapping mode {mode}"] if mode != "none" else []
+    unknown = sorted(set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES)
+    asks += [f"writer feature {feature}" for feature in unknown]
+    if asks:
+        raise UnsupportedTable(
+            f"table {table_uri} asks its writers for what oncemore does not do: {'; '.join(asks)}. Nothing was "
+            "written; remove them or point the pipeline at another table",
+            table_uri=table_uri, requirements=asks,
+        )

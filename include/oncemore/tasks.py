@@ -1,0 +1,185 @@
+"""What a Spark task does with its ranges, on the executor: read each range in turn, decode it, and
+account for every record of it in a RangeResult.
+
+Two ways, one decoder and one file writer:
+- ``ingest_range`` (records stay in Python: no transform, no expectations): the good rows go to the
+  main table's files, the bad ones to the quarantine table's, and the RangeResult lists both;
+- ``decode_range`` (records go through Spark): the good rows are handed to Spark, the bad ones go
+  to the quarantine table's files, and the RangeResult (written to the part's staging area,
+  staging.py) lists those; the sink's tasks write the main table's files (sink.py).
+Either way the quarantine table keeps only rows at or after its own position (``quarantine_floors``:
+what an earlier crash between a batch's two commits already committed is not written again), a
+range may stop early at its byte budget or at the first record written with a schema the table
+does not have yet (``reached``; the rest follows in the next commit), and ``records``/``quarantined``
+count every record read, so the driver knows how many a transform filtered.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .coordinates import KafkaPartition
+from .decode import RecordDecoder, quarantine_rows
+from .formats import SchemaAhead
+from .recordformat import RecordSpec
+from .records import RangeRecords
+from .schema import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
+from .writer import DataFile, TableWriter, conform, empty_partition_values
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget or
+    a newer writer schema may stop it early: ``schema_ahead`` names that schema's ID), holding
+    ``records`` data records (transaction markers and aborted records hold offsets but no record),
+    ``quarantined`` of which could not be stored; ``files`` hold what this task wrote of them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    reached: int
+    bytes_read: int
+    records: int
+    quarantined: int
+    files: tuple[DataFile, ...]
+    schema_ahead: str | None = None  # "value:<schema ID>" or "key:<schema ID>"
+
+    @property
+    def key(self) -> KafkaPartition:
+        return KafkaPartition(self.topic, self.partition)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RangeResult":
+        data = json.loads(text)
+        return cls(**{**data, "files": tuple(DataFile.from_dict(f) for f in data["files"])})
+
+
+# A RangeResult as the one row per range an ingest task yields to the driver.
+MANIFEST_SCHEMA = pa.schema([("range", pa.string())])
+
+
+def manifest_batch(result: RangeResult) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"range": result.to_json()}], schema=MANIFEST_SCHEMA)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task needs to turn records into table files. Travels as a data source option
+    (``to_json``); the storage and registry settings travel apart, one option each
+    (``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>``), so Spark redacts secret ones."""
+
+    records: RecordSpec
+    table_schema: pa.Schema  # the main table's, which files are written in
+    table_uri: str
+    quarantine_uri: str
+    partition_by: tuple[str, ...]
+    # Per "topic/partition", the first offset the quarantine table still needs (its own position).
+    quarantine_floors: dict[str, int]
+    storage_options: dict[str, str] = field(default_factory=dict)
+    value_registry: dict[str, str] | None = None
+    key_registry: dict[str, str] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "records": json.loads(self.records.to_json()),
+            "table_schema": schema_text(self.table_schema),
+            "table_uri": self.table_uri, "quarantine_uri": self.quarantine_uri, "partition_by": list(self.partition_by),
+            "quarantine_floors": self.quarantine_floors,
+        })
+
+    @classmethod
+    def from_json(cls, text: str, storage_options: Mapping[str, str], value_registry: Mapping[str, str] | None,
+                  key_registry: Mapping[str, str] | None) -> "TaskSpec":
+        data = json.loads(text)
+        return cls(records=RecordSpec.from_json(json.dumps(data["records"])),
+                   table_schema=schema_from_text(data["table_schema"]),
+                   table_uri=data["table_uri"], quarantine_uri=data["quarantine_uri"],
+                   partition_by=tuple(data["partition_by"]), quarantine_floors=data["quarantine_floors"],
+                   storage_options=dict(storage_options), value_registry=dict(value_registry) if value_registry else None,
+                   key_registry=dict(key_registry) if key_registry else None)
+
+    def decoder(self) -> RecordDecoder:
+        return RecordDecoder(self.records, self.value_registry, self.key_registry)
+
+    def quarantine_writer(self) -> TableWriter:
+        return TableWriter("quarantine", self.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage_options)
+
+    def main_writer(self) -> TableWriter:
+        return TableWriter("main", self.table_uri, self.table_schema, self.partition_by, self.storage_options)
+
+
+class _RangeDecoding:
+    """One range's batches decoded, the bad records (those the floor lets through) written to the
+    quarantine table, and the counts kept; yields the good rows."""
+
+    def __init__(self, records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder, check_partitions: bool):
+        self.records, self.spec, self.decoder = records, spec, decoder
+        self.check_partitions = check_partitions
+        self.quarantine = spec.quarantine_writer()
+        self.floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
+        self.count = self.quarantined = 0
+        self.schema_ahead: str | None = None
+
+    def rows(self) -> Iterator[pa.Table]:
+        for batch in self.records:
+            try:
+                decoded = self.decoder.decode(batch)
+            except SchemaAhead as ahead:
+                # Stop before the record whose writer schema the table does not have yet.
+                self.records.stop_at(batch.column("offset")[ahead.index].as_py())
+                self.schema_ahead = f"{ahead.role}:{ahead.schema_id}"
+                batch = batch.slice(0, ahead.index)
+                decoded = self.decoder.decode(batch)
+                yield from self._accounted(batch, decoded)
+                return
+            yield from self._accounted(batch, decoded)
+
+    def _accounted(self, batch: pa.RecordBatch, decoded) -> Iterator[pa.Table]:
+        good, bad = decoded.good, decoded.bad
+        if self.check_partitions and good.num_rows:
+            unstorable = empty_partition_values(good, self.spec.partition_by)
+            if unstorable:
+                rows = sorted(unstorable)
+                offsets = set(good.column(OFFSET_COLUMN).take(rows).to_pylist())
+                read = pa.Table.from_batches([batch])
+                read = read.filter(pc.is_in(read.column("offset"), pa.array(sorted(offsets), pa.int64())))
+                bad = pa.concat_tables([bad, quarantine_rows(read, [unstorable[r] for r in rows])])
+                keep = pc.invert(pc.is_in(good.column(OFFSET_COLUMN), pa.array(sorted(offsets), pa.int64())))
+                good = good.filter(keep)
+        self.count += batch.num_rows
+        self.quarantined += bad.num_rows
+        if bad.num_rows:
+            self.quarantine.write(bad.filter(pc.greater_equal(bad.column(OFFSET_COLUMN), self.floor)))
+        if good.num_rows:
+            yield good
+
+    def result(self, files: tuple[DataFile, ...] = ()) -> RangeResult:
+        records = self.records
+        return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
+                           records.bytes_read, self.count, self.quarantined, files + tuple(self.quarantine.close()),
+                           self.schema_ahead)
+
+
+def ingest_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> RangeResult:
+    """Decodes a range's records and writes them as Parquet files into both tables."""
+    decoding = _RangeDecoding(records, spec, decoder, check_partitions=True)
+    main = spec.main_writer()
+    for good in decoding.rows():
+        main.write(conform(good, spec.table_schema))
+    return decoding.result(tuple(main.close()))
+
+
+def decode_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> tuple[Iterator[pa.Table], _RangeDecoding]:
+    """The good rows of a range, for Spark (the quarantine rows are written meanwhile); the
+    decoding's ``result()`` once they are all taken."""
+    decoding = _RangeDecoding(records, spec, decoder, check_partitions=False)
+    return decoding.rows(), decoding

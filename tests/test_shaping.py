@@ -1,0 +1,185 @@
+"""Records shaped in Spark on their way in: a SQL or Python transform over the view `records`,
+expectations, partition columns a transform derives (pruned by readers), nested types, and a table
+following its schema. Every offset of a committed range is in the table, the quarantine table or
+the commit's filtered count, exactly once: counted by (topic, partition, offset)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from oncemore import runner
+from oncemore.errors import TaskFailed
+from oncemore.evolution import SchemaChangeRefused
+from oncemore.transform import TransformRefused
+
+from conftest import assert_exactly_once, order, orders, produced_coordinates, query, read_coordinates
+
+pytestmark = pytest.mark.spark
+HOUR = 3_600_000
+BASE = int(datetime.datetime(2026, 11, 20, tzinfo=datetime.timezone.utc).timestamp() * 1000)
+
+
+def commits(table_uri: str) -> list[dict]:
+    return [json.loads(c["oncemore"]) for c in reversed(DeltaTable(table_uri).history()) if "oncemore" in c]
+
+
+def accounted(pipeline) -> list[tuple[str, int, int]]:
+    return read_coordinates(pipeline.sink.table_uri) + read_coordinates(pipeline.sink.quarantine_uri)
+
+
+def test_a_sql_transform_filters_derives_a_date_partition_and_counts_what_it_drops(broker, topic, make_pipeline, spark):
+    # Three days of records, some malformed, some failing an expectation, some filtered out.
+    records = [(i % 3, None, order(i), BASE + (i % 3) * 24 * HOUR + i) for i in range(300)]
+    records[5] = (records[5][0], None, b"{broken", records[5][3])
+    produced = produced_coordinates(topic, broker.produce(topic, records))
+    pipeline = make_pipeline(topic, transform="SELECT *, to_date(_kafka_timestamp) AS day, amount * 2 AS doubled "
+                                              "FROM records WHERE amount >= 10",
+                             expectations=[{"name": "not_huge", "check": "amount < 300"}],
+                             sink={"partition_by": ["day"]})
+
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    filtered = sum(1 for i in range(300) if i != 5 and i * 1.25 < 10)
+    huge = sum(1 for i in range(300) if i * 1.25 >= 300)
+    (record,) = commits(pipeline.sink.table_uri)
+    assert record["records"] == {"written": 300 - 1 - filtered - huge, "quarantined": 1 + huge, "filtered": filtered}
+    assert record["expectations"] == {"not_huge": huge}
+    landed = accounted(pipeline)
+    assert len(landed) == len(set(landed)) == 300 - filtered and set(landed) <= set(produced)
+    assert query(pipeline.sink.table_uri, "SELECT min(doubled), count(DISTINCT day) FROM {table}") == [(20.0, 3)]
+    errors = query(pipeline.sink.quarantine_uri, "SELECT error, value FROM {table} WHERE error LIKE 'expectation%'")
+    assert len(errors) == huge and errors[0][0] == "expectation not_huge failed"
+    assert json.loads(errors[0][1])["amount"] >= 300 and "day" in json.loads(errors[0][1])
+    # Readers prune by the derived column: one day's files, and DuckDB reads only them.
+    table = DeltaTable(pipeline.sink.table_uri)
+    day = datetime.date(2026, 11, 21)
+    one_day = table.file_uris(file_pruning_predicate=[("day", "=", day.isoformat())])
+    assert 0 < len(one_day) < len(table.file_uris())
+    assert query(pipeline.sink.table_uri, f"SELECT count(*) FROM {{table}} WHERE day = DATE '{day}'") == [
+        (sum(1 for i in range(300) if i % 3 == 1 and i != 5 and 10 <= i * 1.25 < 300),)]
+    plan = "\n".join(r[1] for r in query(pipeline.sink.table_uri,
+                                         f"EXPLAIN ANALYZE SELECT count(*) FROM {{table}} WHERE day = DATE '{day}'"))
+    assert f"Total Files Read: {len(one_day)}" in plan
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "no-op"
+
+
+def test_a_python_transform_and_an_expectation_that_fails_the_run(broker, topic, make_pipeline, spark):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 90)))
+    pipeline = make_pipeline(topic, transform={"python": "shaping_transforms:upper_customers"})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    assert_exactly_once(accounted(pipeline), produced)
+    assert query(pipeline.sink.table_uri, "SELECT DISTINCT left(customer, 9) FROM {table}") == [("CUSTOMER-",)]
+
+    strict = make_pipeline(topic, name="strict", expectations=[{"name": "below_50", "check": "id < 50", "on_fail": "fail"}])
+    with pytest.raises(TaskFailed, match=r"ExpectationFailed: pipeline strict: expectation below_50 failed for "
+                                         rf"{topic}/\d offset \d+"):
+        runner.run(strict, spark_factory=lambda: spark)
+    assert read_coordinates(strict.sink.table_uri) == [] and read_coordinates(strict.sink.quarantine_uri) == []
+
+
+@pytest.mark.parametrize("transform, problem", [
+    ("SELECT customer, count(*) AS n FROM records GROUP BY customer", "drops _kafka_topic"),
+    ("SELECT count(*) AS n, first(_kafka_topic) AS _kafka_topic, first(_kafka_partition) AS _kafka_partition, "
+     "first(_kafka_offset) AS _kafka_offset FROM records", "aggregates"),
+    ("SELECT *, explode(array(1, 2)) AS copy FROM records", "explodes"),
+    ("SELECT id, _kafka_topic, _kafka_partition, _kafka_offset + 1 AS _kafka_offset FROM records", "computes _kafka_offset"),
+    ("SELECT r.* FROM records r JOIN records s ON r.id = s.id", "joins"),
+    ("SELECT DISTINCT * FROM records", "removes duplicates"),
+    ("SELECT * FROM records LIMIT 5", "limits"),
+    ("SELECT nope FROM records", "UNRESOLVED_COLUMN"),
+    ("SELEC * FROM records", "PARSE_SYNTAX_ERROR"),
+])
+def test_a_transform_that_cannot_keep_the_promise_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark,
+                                                                                      transform, problem):
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic, transform=transform)
+    with pytest.raises(TransformRefused, match=f"pipeline orders: transform: .*{problem}"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert read_coordinates(pipeline.sink.table_uri) == [] and read_coordinates(pipeline.sink.quarantine_uri) == []
+
+
+def test_a_failing_cast_under_ansi_fails_the_run_naming_the_ranges_and_the_error(broker, topic, make_pipeline, spark):
+    broker.produce(topic, orders(0, 30) + [(1, None, json.dumps({"id": 99, "customer": "x", "amount": 1.0}).encode(), None)])
+    pipeline = make_pipeline(topic, transform="SELECT *, CAST(customer AS INT) AS n FROM records WHERE id = 99")
+    with pytest.raises(TaskFailed, match=rf"pipeline orders: the Spark task reading .*{topic}/1 \[0, 11\).*failed: .*CAST_INVALID_INPUT"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert read_coordinates(pipeline.sink.table_uri) == []
+
+
+NESTED = ("id BIGINT NOT NULL, customer STRUCT<name: STRING, address: STRUCT<zip: STRING, lines: ARRAY<STRING>>>, "
+          "amount DECIMAL(10,2), tags MAP<STRING, INT>, seen TIMESTAMP, day DATE, flags ARRAY<BOOLEAN>, raw BINARY, "
+          "small TINYINT")
+
+
+def nested(i: int) -> bytes:
+    return json.dumps({"id": i, "customer": {"name": f"n{i}", "address": {"zip": f"{i:05d}", "lines": ["a", f"l{i}"]}},
+                       "amount": f"{i}.50", "tags": {"k": i}, "seen": "2026-11-20T10:00:00Z", "day": "2026-11-20",
+                       "flags": [True, False], "raw": "aGk=", "small": i % 100}).encode()
+
+
+def test_nested_values_round_trip_and_a_value_that_does_not_fit_is_quarantined_with_its_path(broker, topic, make_pipeline, spark):
+    bad = {3: b'{"id": 3, "customer": {"address": {"zip": 7}}}', 4: b'{"id": 4, "amount": 123456789.5}',
+           5: b'{"id": 5, "small": 300}', 6: b'{"id": 6, "day": "2026-02-30"}'}
+    records = [(i % 3, None, bad.get(i, nested(i)), None) for i in range(60)]
+    produced = produced_coordinates(topic, broker.produce(topic, records))
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": NESTED})
+
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert_exactly_once(accounted(pipeline), produced)
+    assert query(pipeline.sink.table_uri, "SELECT customer.address.zip, customer.address.lines[2], amount, tags['k'], seen, "
+                                          "day, flags, raw, small FROM {table} WHERE id = 7") == [
+        ("00007", "l7", Decimal("7.50"), 7, datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.timezone.utc),
+         datetime.date(2026, 11, 20), [True, False], b"hi", 7)]
+    assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table(filters=[("id", "=", 7)]).column("amount").to_pylist() == [
+        Decimal("7.50")]
+    errors = dict(query(pipeline.sink.quarantine_uri, "SELECT _kafka_partition * 100 + _kafka_offset, error FROM {table}"))
+    by_id = {i: errors[(i % 3) * 100 + i // 3] for i in bad}
+    assert "customer.address.zip" in by_id[3] and "amount" in by_id[4] and "small" in by_id[5] and "day" in by_id[6]
+
+
+def test_the_table_follows_new_nullable_fields_and_refuses_changes_it_cannot_take(broker, topic, make_pipeline, spark):
+    first = produced_coordinates(topic, broker.produce(topic, [(i % 3, None, nested(i), None) for i in range(30)]))
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": NESTED})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    grown = NESTED.replace("lines: ARRAY<STRING>>", "lines: ARRAY<STRING>, country: STRING>") + ", channel STRING"
+    more = produced_coordinates(topic, broker.produce(topic, [
+        (i % 3, None, json.dumps({"id": i, "channel": "web", "customer": {"address": {"country": "NO"}}}).encode(), None)
+        for i in range(30, 45)]))
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": grown})
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert_exactly_once(accounted(pipeline), first + more)
+    assert query(pipeline.sink.table_uri, "SELECT count(*), count(channel), count(customer.address.country) FROM {table}") == [
+        (45, 15, 15)]
+    version = DeltaTable(pipeline.sink.table_uri).version()
+    broker.produce(topic, [(0, None, nested(99), None)])
+    changed = make_pipeline(topic, format={"type": "json", "schema": grown.replace("amount DECIMAL(10,2)", "amount STRING")})
+    with pytest.raises(SchemaChangeRefused, match="column amount: the table has decimal\\(10,2\\), the records have string"):
+        runner.run(changed, spark_factory=lambda: spark)
+    strict = make_pipeline(topic, format={"type": "json", "schema": grown + ", extra INT"}, sink={"schema_evolution": "fail"})
+    with pytest.raises(SchemaChangeRefused, match="adds extra to the table and sink.schema_evolution is fail"):
+        runner.run(strict, spark_factory=lambda: spark)
+    dropped = make_pipeline(topic, format={"type": "json", "schema": grown.replace("id BIGINT NOT NULL, ", "")})
+    with pytest.raises(SchemaChangeRefused, match="column id is NOT NULL in the table and the records no longer have it"):
+        runner.run(dropped, spark_factory=lambda: spark)
+    assert DeltaTable(pipeline.sink.table_uri).version() == version, "nothing was written"
+
+
+def test_one_topic_into_two_pipelines_with_different_transforms(broker, topic, make_pipeline, spark):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 120)))
+    cheap = make_pipeline(topic, name="cheap", transform="SELECT * FROM records WHERE amount < 50")
+    dear = make_pipeline(topic, name="dear", transform="SELECT id, amount, _kafka_topic, _kafka_partition, _kafka_offset "
+                                                       "FROM records WHERE amount >= 50")
+    runner.run(cheap, spark_factory=lambda: spark)
+    runner.run(dear, spark_factory=lambda: spark)
+    assert_exactly_once(read_coordinates(cheap.sink.table_uri) + read_coordinates(dear.sink.table_uri), produced)
+    assert [c["records"]["filtered"] for c in commits(cheap.sink.table_uri)] == [sum(1 for i in range(120) if i * 1.25 >= 50)]
+    assert pa.schema(DeltaTable(dear.sink.table_uri).schema().to_arrow()).names == [
+        "id", "amount", "_kafka_topic", "_kafka_partition", "_kafka_offset"]
