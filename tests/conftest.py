@@ -213,3 +213,13 @@ def registry():
     local = start_registry()
     yield local
     local.stop()
+
+
+@pytest.fixture(scope="session")
+def spawned():
+    """Runs a function in another Python process (spawned: nothing inherited, as a Spark worker)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield lambda function, *args: pool.submit(function, *args).result()

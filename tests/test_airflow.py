@@ -302,7 +302,7 @@ def test_a_run_ends_at_its_param_else_its_interval_end_else_latest():
     # Manual runs: no interval, or a zero-length one (a trigger timetable's) -> the log end.
     assert run_until(None, None, None) == OffsetBound("latest")
     assert run_until(None, T0, T0) == OffsetBound("latest")
-    assert run_until('{"0": 7}', T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("offsets", offsets={0: 7})
+    assert run_until('{"0": 7}', T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("offsets", offsets={(None, 0): 7})
     assert run_until("latest", T0 + HOUR, T0 + 2 * HOUR) == OffsetBound("latest")
 
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import uuid
-from concurrent.futures import ProcessPoolExecutor
 from decimal import Decimal
 
 import pyarrow as pa
@@ -79,18 +77,10 @@ def expected_row(i: int) -> dict:
             "status": record["status"], "ref": record["ref"]}
 
 
-@pytest.fixture(scope="module")
-def registry():
-    local = start_registry()
-    yield local
-    local.stop()
-
-
-@pytest.fixture(scope="module")
-def elsewhere():
+@pytest.fixture
+def elsewhere(spawned):
     """Decodes in another Python process (spawned: nothing inherited), as decode_in_child does."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield lambda settings, reader, values: pool.submit(decode_in_child, settings, reader, values).result()
+    return lambda settings, reader, values: spawned(decode_in_child, settings, reader, values)
 
 
 def decode_in_child(settings: dict, reader: tuple[str, int | str], values: list[bytes | None]):

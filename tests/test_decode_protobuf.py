@@ -6,8 +6,6 @@ read back by DuckDB."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from decimal import Decimal
 
 import pyarrow as pa
@@ -22,7 +20,6 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from conftest import duckdb_connection
 from oncemore.decode_protobuf import ProtobufDecoder, protobuf_to_arrow
-from oncemore.devregistry import start_registry
 from oncemore.formats import SchemaAhead
 from oncemore.registry import Registry, RegistryError
 from oncemore.schema import SchemaError
@@ -133,18 +130,10 @@ def expected_row(i: int) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def registry():
-    local = start_registry()
-    yield local
-    local.stop()
-
-
-@pytest.fixture(scope="module")
-def elsewhere():
+@pytest.fixture
+def elsewhere(spawned):
     """Decodes in another Python process (spawned: nothing inherited), as decode_in_child does."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield lambda settings, reader, values: pool.submit(decode_in_child, settings, reader, values).result()
+    return lambda settings, reader, values: spawned(decode_in_child, settings, reader, values)
 
 
 def decode_in_child(settings: dict, reader: tuple[str, int | str], values: list[bytes | None]):

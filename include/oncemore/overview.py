@@ -117,6 +117,7 @@ def _batch(entry: CommitEntry) -> dict[str, Any]:
         "batch_seq": record.batch_seq,
         "ranges": {str(p): list(r) for p, r in sorted(record.partition_ranges().items())},
         "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
+        "filtered": record.records.get("filtered", 0), "expectations": dict(record.expectations),
         "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
         "reset": record.reset is not None,
     }

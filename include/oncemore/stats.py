@@ -26,46 +26,79 @@ _MIN_DAYS, _MAX_DAYS = -719_162, 2_932_896
 
 
 class FileStats:
-    """Accumulates statistics over the tables written to one file."""
+    """Accumulates statistics over the tables written to one file. Columns are the schema's leaves:
+    a struct's fields are nested in the statistics as Delta writes them (``{"s": {"a": 1}}``), an
+    array or a map gets none (as delta-rs and Spark write them: a number where a reader expects
+    an object makes it drop the file's statistics, its record count included)."""
 
     def __init__(self, schema: pa.Schema):
         self.schema = schema
+        self.leaves = [(path, kind) for field in schema for path, kind in _leaves((field.name,), field.type)]
         self.num_records = 0
-        self.null_count = {f.name: 0 for f in schema}
-        self.minimum: dict[str, object] = {}
-        self.maximum: dict[str, object] = {}
-        self.unbounded: set[tuple[str, str]] = set()  # (column, side) that saw a value no bound may cover
+        self.null_count = {path: 0 for path, _ in self.leaves}
+        self.minimum: dict[tuple[str, ...], object] = {}
+        self.maximum: dict[tuple[str, ...], object] = {}
+        self.unbounded: set[tuple[tuple[str, ...], str]] = set()  # (leaf, side) that saw a value no bound may cover
 
     def add(self, table: pa.Table) -> None:
         self.num_records += table.num_rows
-        for field in self.schema:
-            column = table.column(field.name)
-            self.null_count[field.name] += column.null_count
+        for path, kind in self.leaves:
+            column = _leaf(table, path)
+            self.null_count[path] += column.null_count
             if column.null_count == len(column):
                 continue
-            low, high = _bounds(column, field.type)
-            self._merge(field.name, low, "min")
-            self._merge(field.name, high, "max")
+            low, high = _bounds(column, kind)
+            self._merge(path, low, "min")
+            self._merge(path, high, "max")
 
-    def _merge(self, name: str, value, side: str) -> None:
+    def _merge(self, path: tuple[str, ...], value, side: str) -> None:
         into, pick = (self.minimum, min) if side == "min" else (self.maximum, max)
-        if (name, side) in self.unbounded:
+        if (path, side) in self.unbounded:
             return
         if value is _NO_BOUND:
-            self.unbounded.add((name, side))
-            into.pop(name, None)
+            self.unbounded.add((path, side))
+            into.pop(path, None)
         elif value is not None:
-            into[name] = value if name not in into else pick(into[name], value)
+            into[path] = value if path not in into else pick(into[path], value)
 
     def to_json(self) -> str:
-        minimum = {n: _text(v, self.schema.field(n).type, "min") for n, v in self.minimum.items()}
-        maximum = {n: _text(v, self.schema.field(n).type, "max") for n, v in self.maximum.items()}
-        return json.dumps({
-            "numRecords": self.num_records,
-            "minValues": {n: v for n, v in minimum.items() if v is not _NO_BOUND},
-            "maxValues": {n: v for n, v in maximum.items() if v is not _NO_BOUND},
-            "nullCount": self.null_count,
-        })
+        kinds = dict(self.leaves)
+        stats = {"numRecords": self.num_records, "minValues": {}, "maxValues": {}, "nullCount": {}}
+        for side, found in (("min", self.minimum), ("max", self.maximum)):
+            for path, value in found.items():
+                text = _text(value, kinds[path], side)
+                if text is not _NO_BOUND:
+                    _nest(stats["minValues" if side == "min" else "maxValues"], path, text)
+        for path, count in self.null_count.items():
+            _nest(stats["nullCount"], path, count)
+        return json.dumps(stats)
+
+
+def _leaves(path: tuple[str, ...], kind: pa.DataType):
+    """(path, type) of the statistics' leaves under ``kind``: a struct's fields, recursively;
+    arrays and maps have none."""
+    if pa.types.is_struct(kind):
+        for child in kind:
+            yield from _leaves(path + (child.name,), child.type)
+    elif not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind)):
+        yield path, kind
+
+
+def _leaf(table: pa.Table, path: tuple[str, ...]) -> pa.ChunkedArray:
+    """The values of a leaf; a null struct makes its fields null (``flatten`` keeps the parent's
+    validity, ``field`` would not)."""
+    column = table.column(path[0])
+    for name in path[1:]:
+        index = column.type.get_field_index(name)
+        column = pa.chunked_array([chunk.flatten()[index] for chunk in column.chunks],
+                                  type=column.type.field(index).type)
+    return column
+
+
+def _nest(into: dict, path: tuple[str, ...], value) -> None:
+    for name in path[:-1]:
+        into = into.setdefault(name, {})
+    into[path[-1]] = value
 
 
 _NO_BOUND = object()
@@ -80,10 +113,14 @@ def _bounds(column: pa.ChunkedArray, kind: pa.DataType) -> tuple[object, object]
         column = column.cast(pa.int32())
     elif not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_string(kind)):
         return None, None
+    if pa.types.is_floating(kind) and pc.any(pc.is_nan(column)).as_py():
+        # min_max skips NaN, but a reader compares it (NaN > 5 is true in DuckDB and Spark):
+        # a file holding NaN gets no bound on that column at all.
+        return _NO_BOUND, _NO_BOUND
     found = pc.min_max(column).as_py()
     low, high = found["min"], found["max"]
     if pa.types.is_floating(kind) and not (math.isfinite(low) and math.isfinite(high)):
-        # NaN sorts nowhere and JSON has no infinity: no bound for this column at all.
+        # JSON has no infinity.
         return _NO_BOUND, _NO_BOUND
     return low, high
 
