@@ -5,6 +5,8 @@ Inert unless the environment variable ONCEMORE_FAULTS names steps (comma-separat
 a pipeline's config or on a command line can set it. Steps:
 
 - ``task``: a Spark task's Python worker, as it starts reading its ranges.
+- ``committed``: the Python worker of the ``oncemore_delta`` sink's driver-side commit, right after
+  the part's commits landed and before it hands the outcome on.
 """
 
 from __future__ import annotations

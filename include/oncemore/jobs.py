@@ -14,21 +14,25 @@ index of its group of ranges in the reading stage) and the cause, a dead Python 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Callable
 
 from .config import Pipeline
-from .errors import OncemoreError, TaskFailed, root_cause
+from .errors import OncemoreError, TaskFailed, error_from_json, root_cause
 from .kafka import consumer_config
 from .partcommit import Part, PartOutcome
 from .planner import OffsetRange
 from .schema import schema_text
 from .staging import Staging
 from .tasks import RangeResult, TaskSpec
+from .transform import reads_records
+
+log = logging.getLogger("oncemore")
 
 
 class PartLost(OncemoreError):
-    """The sink's commit ran but left no outcome: a commit of this part may or may not have landed."""
+    """The sink's commit began but left no outcome: a commit of this part may or may not have landed."""
 
 
 def _reader(spark, source: str, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
@@ -60,33 +64,58 @@ def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
 
 def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int, part: Part,
                shape: Callable) -> PartOutcome:
-    from .sink import NAME as SINK
+    from .sink import COMMIT_BEGUN, NAME as SINK
     from .source import RECORDS_NAME
 
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
     records = _reader(spark, RECORDS_NAME, pipeline, spec, groups, budget).option("staging", part.staging_id).load()
+    shaped = shape(records)
+    keeps_rows = reads_records(shaped)
+    if not keeps_rows:
+        # Spark proved the transform keeps no row and would skip reading: the records are read all
+        # the same, so bad ones reach the quarantine table and the rest are counted as filtered.
+        log.info("pipeline %s: the transform keeps no record (Spark folds it to nothing); reading the records "
+                 "for the quarantine table only", pipeline.name)
+        shaped = records
+    expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations] if keeps_rows else []
     writer = (
-        shape(records).write.format(SINK).mode("append")
+        shaped.write.format(SINK).mode("append")
         .option("part", part.to_json())
         .option("tableSchema", schema_text(spec.table_schema))
-        .option("expectations", json.dumps([{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations]))
+        .option("expectations", json.dumps(expectations))
+        .option("keepRows", json.dumps(keeps_rows))
         .option("floors", json.dumps(spec.quarantine_floors))
     )
     for key, value in spec.storage_options.items():
         writer = writer.option(f"storage.{key}", value)
     try:
-        writer.save()
-        outcomes = staging.get("outcome")
-        if not outcomes:
-            raise PartLost(f"pipeline {pipeline.name}: the commit of batch {part.batch_seq} left no outcome; "
-                           "run again: a rerun finds whatever landed", staging=part.staging_id)
-        return PartOutcome.from_json(outcomes[0])
-    except OncemoreError:
-        raise
-    except Exception as exc:
-        raise task_failure(exc, pipeline.name, groups) from exc
+        try:
+            writer.save()
+        except Exception as exc:
+            if not staging.get(COMMIT_BEGUN):  # a task failed, or the commit failed before committing anything
+                raise task_failure(exc, pipeline.name, groups) from exc
+            return _outcome(staging, pipeline, part, groups, root_cause(exc))
+        return _outcome(staging, pipeline, part, groups, None)
     finally:
         staging.remove()
+
+
+def _outcome(staging: Staging, pipeline: Pipeline, part: Part, groups: list[list[OffsetRange]],
+             cause: str | None) -> PartOutcome:
+    """What the sink's commit left: its outcome, or the error it ended with (raised here, typed as
+    it was raised there), or nothing at all (it died: whether a commit landed is unknown)."""
+    outcomes, failures = staging.get("outcome"), staging.get("failure")
+    if outcomes:
+        return PartOutcome.from_json(outcomes[0])
+    ranges = ", ".join(str(r) for group in groups for r in group)
+    if failures:
+        error = error_from_json(failures[0])
+        if error is not None:
+            raise error
+        cause = json.loads(failures[0])["message"]
+    raise PartLost(f"pipeline {pipeline.name}: the commit of batch {part.batch_seq} ({ranges}) began and ended without "
+                   f"an outcome ({cause or 'no error reported'}); a commit may have landed: run again, a rerun finds "
+                   "whatever did", staging=part.staging_id, ranges=ranges)
 
 
 def task_failure(exc: BaseException, pipeline: str, groups: list[list[OffsetRange]]) -> TaskFailed:

@@ -97,7 +97,7 @@ class Written:
 
 @dataclass(frozen=True)
 class PartOutcome:
-    status: str  # committed | already_committed | lost_race | conflict | quarantine_behind
+    status: str  # committed | already_committed | lost_race | conflict | quarantine_behind | nothing_read
     version: int | None
     quarantine_version: int | None
     read: Mapping[KafkaPartition, tuple[int, int]]
@@ -134,6 +134,8 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
     validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
     records = _accounted(part, kept, main_files, written, read)
+    if all(start == end for start, end in read.values()):  # cut before its first record (a newer writer schema)
+        return PartOutcome("nothing_read", None, None, read, records, 0, schema_ahead)
     record = CommitRecord(
         pipeline=part.pipeline, run_id=part.run_id, batch_seq=part.batch_seq, until=part.until,
         ranges=nested({p: [s, e] for p, (s, e) in read.items()}), records=records,

@@ -8,8 +8,11 @@ partition and offset) and rows a Delta table could not read back (an empty strin
 value), and writes the rest in the table's schema; its message lists its files and counts.
 ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
 to partcommit.commit_part, which re-reads the positions right before committing, wherever
-Spark's driver runs (a spark-submit, a Spark Connect server); the outcome goes to the staging area
-for the run. ``abort`` deletes the files the messages name: nothing was committed with them.
+Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
+with, goes to the staging area for the run. Before committing, ``commit`` leaves a mark there:
+from then on a commit may have landed with these files, so ``abort`` (which Spark calls when a
+task or ``commit`` fails) deletes them only while the mark is absent; commit_part deletes the
+files it knows were never committed.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
+from . import faults
 from .committer import delete_files
 from .coordinates import KafkaPartition
-from .errors import OncemoreError
+from .errors import OncemoreError, error_to_json
 from .partcommit import Part, Written, commit_part
 from .schema import METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, schema_from_text
 from .staging import Staging
@@ -34,6 +38,7 @@ from .transform import VERDICT_PREFIX
 from .writer import DataFile, TableWriter, conform, empty_partition_values
 
 NAME = "oncemore_delta"
+COMMIT_BEGUN = "commit-begun"
 
 
 class ExpectationFailed(OncemoreError):
@@ -58,17 +63,23 @@ class DeltaSinkDataSource(DataSource):
 
 class DeltaSinkWriter(DataSourceArrowWriter):
     """Options: ``part`` (partcommit.Part JSON), ``tableSchema`` (Arrow IPC, base64),
-    ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``floors``
+    ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``keepRows``
+    (false: the rows are the records, read only for the quarantine, none kept), ``floors``
     ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
 
     def __init__(self, options):
         self.part = Part.from_json(options["part"])
         self.table_schema = schema_from_text(options["tableSchema"])
         self.expectations = json.loads(options["expectations"])
+        self.keep_rows = json.loads(options["keepRows"])
         self.floors = json.loads(options["floors"])
         self.storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
+        if not self.keep_rows:
+            for _ in iterator:  # the reading tasks run to the end of their ranges
+                pass
+            return WrittenFiles([], {}, {})
         main = TableWriter("main", self.part.table_uri, self.table_schema, self.part.partition_by, self.storage)
         quarantine = TableWriter("quarantine", self.part.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage)
         violations: Counter = Counter()
@@ -102,7 +113,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                 continue
             violations[expectation["name"]] += len(failing)
             if expectation["on_fail"] == "fail":
-                first = rows.slice(failing[0], 1).to_pylist()[0]
+                first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(failing[0], 1).to_pylist()[0]
                 raise ExpectationFailed(
                     f"pipeline {self.part.pipeline}: expectation {expectation['name']} failed for "
                     f"{first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset {first[OFFSET_COLUMN]} "
@@ -117,8 +128,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
         bytes are no longer at hand), its coordinates, and the reason; rows under the quarantine
         table's own position are already there (a crash between a batch's two commits)."""
-        values = [json.dumps({k: v for k, v in row.items() if not k.startswith("_kafka_")}, default=str).encode()
-                  for row in bad.to_pylist()]
+        values = [json.dumps(row, default=str).encode()
+                  for row in _python_rows(bad.drop_columns([f.name for f in METADATA_FIELDS]))]
         table = pa.Table.from_arrays(
             [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string())]
             + [bad.column(f.name) for f in METADATA_FIELDS], schema=QUARANTINE_SCHEMA)
@@ -136,13 +147,51 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             violations_by_partition={KafkaPartition.parse(k): v for k, v in
                                      sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
         )
-        outcome = commit_part(self.part, results, written, self.table_schema, self.storage)
+        staging.put(COMMIT_BEGUN, "{}")
+        try:
+            outcome = commit_part(self.part, results, written, self.table_schema, self.storage)
+        except Exception as exc:  # handed on as data: raising here would make Spark call abort
+            staging.put("failure", error_to_json(exc))
+            return
+        faults.reach("committed")
         staging.put("outcome", outcome.to_json())
 
     def abort(self, messages: list[WrittenFiles | None]) -> None:
+        if Staging(self.part.quarantine_uri, self.part.staging_id, self.storage).get(COMMIT_BEGUN):
+            return  # a commit may have landed with these files; vacuum removes the ones none did
         files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
         for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):
             delete_files(uri, [f for f in files if f.table == table], self.storage)
+
+
+def _python_rows(table: pa.Table) -> list[dict]:
+    """The rows as Python values; a row holding a date or timestamp Python cannot (beyond year 9999,
+    which Spark allows) has its dates and times as the integers Arrow stores (days, microseconds)."""
+    try:
+        return table.to_pylist()
+    except (OverflowError, ValueError):
+        pass
+    rows = []
+    stored = table.cast(pa.schema([f.with_type(_stored(f.type)) for f in table.schema]))
+    for i in range(table.num_rows):
+        try:
+            rows.append(table.slice(i, 1).to_pylist()[0])
+        except (OverflowError, ValueError):
+            rows.append(stored.slice(i, 1).to_pylist()[0])
+    return rows
+
+
+def _stored(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every date, time, timestamp and duration as the integer Arrow stores it in."""
+    if pa.types.is_temporal(kind):
+        return pa.int32() if kind.bit_width == 32 else pa.int64()
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_stored(f.type)) for f in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(_stored(kind.key_type), _stored(kind.item_type))
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_stored(kind.value_type)))
+    return kind
 
 
 def _one_per_range(results) -> list[RangeResult]:
