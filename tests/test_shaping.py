@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import subprocess
+import sys
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -18,7 +22,8 @@ from oncemore.errors import TaskFailed
 from oncemore.evolution import SchemaChangeRefused
 from oncemore.transform import TransformRefused
 
-from conftest import assert_exactly_once, order, orders, produced_coordinates, query, read_coordinates
+from conftest import (assert_exactly_once, held_positions, order, orders, produced_coordinates, query,
+                      read_coordinates)
 
 pytestmark = pytest.mark.spark
 HOUR = 3_600_000
@@ -92,6 +97,10 @@ def test_a_python_transform_and_an_expectation_that_fails_the_run(broker, topic,
     ("SELECT r.* FROM records r JOIN records s ON r.id = s.id", "joins"),
     ("SELECT DISTINCT * FROM records", "removes duplicates"),
     ("SELECT * FROM records LIMIT 5", "limits"),
+    ("SELECT r.* FROM records r, LATERAL (VALUES (1), (2)) AS t(c) WHERE r._kafka_offset % 2 = 0", r"joins \(LATERAL\)"),
+    ("SELECT r.* FROM records r, range(2)", "joins"),
+    ("WITH twice AS (SELECT * FROM records UNION ALL SELECT * FROM records) SELECT * FROM twice", "unions"),
+    ({"python": "shaping_transforms:twice_through_an_rdd"}, "reads an RDD's rows"),
     ("SELECT nope FROM records", "UNRESOLVED_COLUMN"),
     ("SELEC * FROM records", "PARSE_SYNTAX_ERROR"),
 ])
@@ -104,12 +113,75 @@ def test_a_transform_that_cannot_keep_the_promise_is_refused_before_anything_is_
     assert read_coordinates(pipeline.sink.table_uri) == [] and read_coordinates(pipeline.sink.quarantine_uri) == []
 
 
+def test_common_table_expressions_and_subqueries_pass_and_each_record_is_counted_once(broker, topic, make_pipeline,
+                                                                                      spark):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 60)))
+    pipeline = make_pipeline(topic, transform=(
+        "WITH big AS (SELECT * FROM records WHERE amount >= 10) "
+        "SELECT *, (SELECT max(id) FROM records) AS top FROM big WHERE id IN (SELECT id FROM records WHERE id % 2 = 0)"))
+    runner.run(pipeline, spark_factory=lambda: spark)
+    (record,) = commits(pipeline.sink.table_uri)
+    kept = [i for i in range(60) if i * 1.25 >= 10 and i % 2 == 0]
+    assert record["records"] == {"written": len(kept), "quarantined": 0, "filtered": 60 - len(kept)}
+    assert sorted(r[0] for r in query(pipeline.sink.table_uri, "SELECT id FROM {table}")) == kept
+    assert query(pipeline.sink.table_uri, "SELECT DISTINCT top FROM {table}") == [(59,)]
+    assert set(read_coordinates(pipeline.sink.table_uri)) <= set(produced)
+
+
+@pytest.mark.parametrize("transform", ["SELECT * FROM records WHERE 1 = 0", {"python": "shaping_transforms:nothing"}])
+def test_a_transform_spark_folds_to_nothing_still_reads_quarantines_and_counts_every_record(broker, topic, make_pipeline,
+                                                                                            spark, transform):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30) + [(2, None, b"{broken", None)]))
+    pipeline = make_pipeline(topic, transform=transform)
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    (record,) = commits(pipeline.sink.table_uri)
+    assert record["records"] == {"written": 0, "quarantined": 1, "filtered": 30}
+    assert read_coordinates(pipeline.sink.quarantine_uri) == [(topic, 2, 10)] and (topic, 2, 10) in produced
+    assert held_positions(pipeline.sink.table_uri, "orders", topic) == {0: 10, 1: 10, 2: 11}
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "no-op"
+
+
+def test_a_row_failing_an_expectation_is_quarantined_even_holding_a_time_python_cannot(broker, topic, make_pipeline,
+                                                                                       spark):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 12)))
+    # Spark's timestamps reach year 294247; Python's stop at 9999.
+    pipeline = make_pipeline(topic, transform="SELECT *, timestamp_micros(id * 100000000000000000) AS far FROM records",
+                             expectations=[{"name": "near", "check": "id < 4"}])
+    runner.run(pipeline, spark_factory=lambda: spark)
+    assert_exactly_once(accounted(pipeline), produced)
+    errors = query(pipeline.sink.quarantine_uri, "SELECT error, value FROM {table} ORDER BY _kafka_offset, _kafka_partition")
+    assert len(errors) == 8 and {e for e, _ in errors} == {"expectation near failed"}
+    held = [json.loads(v) for _, v in errors]
+    assert sorted(row["far"] for row in held if row["id"] >= 4) == [i * 100000000000000000 for i in range(4, 12)]
+
+
 def test_a_failing_cast_under_ansi_fails_the_run_naming_the_ranges_and_the_error(broker, topic, make_pipeline, spark):
     broker.produce(topic, orders(0, 30) + [(1, None, json.dumps({"id": 99, "customer": "x", "amount": 1.0}).encode(), None)])
     pipeline = make_pipeline(topic, transform="SELECT *, CAST(customer AS INT) AS n FROM records WHERE id = 99")
     with pytest.raises(TaskFailed, match=rf"pipeline orders: the Spark task reading .*{topic}/1 \[0, 11\).*failed: .*CAST_INVALID_INPUT"):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert read_coordinates(pipeline.sink.table_uri) == []
+
+
+def test_a_commit_whose_process_dies_after_landing_keeps_its_files_and_the_rerun_finds_it(broker, topic, make_pipeline):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30) + [(0, None, b"{broken", None)]))
+    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 5 > 0",
+                             expectations=[{"name": "small", "check": "id < 25"}])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
+           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": "committed"}
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+    # The sink's commit worker died after both commits landed: Spark called abort, which must not
+    # delete files the log now references.
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"oncemore: error: pipeline orders: the commit of batch 0 ({topic}/0 [0, 11), "), last
+    assert "began and ended without an outcome" in last and "a commit may have landed" in last
+    landed = accounted(pipeline)
+    assert len(landed) == len(set(landed)) == 31 - 6  # every record but the six the filter drops
+    assert runner.run(pipeline, spark_factory=lambda: None).status == "no-op"
+    assert set(landed) <= set(produced)
 
 
 NESTED = ("id BIGINT NOT NULL, customer STRUCT<name: STRING, address: STRUCT<zip: STRING, lines: ARRAY<STRING>>>, "
