@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 import pytest
 
 from oncemore import runner
 from oncemore.config import OffsetBound
+from oncemore.coordinates import KafkaPartition
 from oncemore.errors import PlanError, TopicChanged
 from oncemore.group_mirror import group_id
 from oncemore.report import status
@@ -74,20 +76,32 @@ def test_a_pattern_picks_up_new_topics_at_their_starting_offsets_and_never_other
     assert sorted(report.plan.topics) == [f"{prefix}.eu", f"{prefix}.us"]
 
 
-def test_one_recreated_topic_of_two_stops_the_run_naming_it(broker, make_pipeline, spark):
+def test_one_recreated_topic_of_two_stops_the_run_naming_it_and_its_reset_leaves_the_other(broker, make_pipeline,
+                                                                                            spark):
     broker.create_topic("multi_a", 2)
     broker.create_topic("multi_b", 2)
-    broker.produce("multi_a", orders(0, 20, partitions=2))
-    broker.produce("multi_b", orders(0, 20, partitions=2))
+    produced = produced_coordinates("multi_a", broker.produce("multi_a", orders(0, 20, partitions=2)))
+    old_b = produced_coordinates("multi_b", broker.produce("multi_b", orders(0, 20, partitions=2)))
     pipeline = make_pipeline(None, name="recreated", source={"topic": None, "topics": ["multi_a", "multi_b"]})
     runner.run(pipeline, spark_factory=lambda: spark)
     broker.delete_topic("multi_b")
     time.sleep(0.5)
     broker.create_topic("multi_b", 2)
-    broker.produce("multi_b", orders(0, 40, partitions=2))
+    new_b = produced_coordinates("multi_b", broker.produce("multi_b", orders(0, 40, partitions=2)))
+    produced += produced_coordinates("multi_a", broker.produce("multi_a", orders(20, 10, partitions=2)))
 
-    with pytest.raises(TopicChanged, match="pipeline recreated: topic multi_b: the topic was deleted and recreated"):
+    with pytest.raises(TopicChanged, match="pipeline recreated: topic multi_b: the topic was deleted and recreated"
+                                           r".*`oncemore reset recreated --topic multi_b --to earliest`"):
         runner.run(pipeline, spark_factory=lambda: spark)
+    # The reset the error names moves multi_b alone: multi_a is not read again.
+    done = reset(pipeline, OffsetBound("earliest"), topics=["multi_b"])
+    assert done["to"] == {KafkaPartition("multi_a", 0): 10, KafkaPartition("multi_a", 1): 10,
+                          KafkaPartition("multi_b", 0): 0, KafkaPartition("multi_b", 1): 0}
+    runner.run(pipeline, spark_factory=lambda: spark)
+    landed = Counter(read_coordinates(pipeline.sink.table_uri))
+    assert landed == Counter(produced) + Counter(old_b) + Counter(new_b)  # the old topic's rows stay
+    with pytest.raises(PlanError, match="topic multi_a is not among the ones reset"):
+        reset(pipeline, OffsetBound.parse('{"multi_a": {"0": 0}}'), topics=["multi_b"])
 
 
 def test_one_topic_feeding_two_pipelines_does_not_interfere(broker, topic, make_pipeline, spark):

@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like "
                             "'{\"orders\": {\"0\": 100}}' ('{\"0\": 100}' for a pipeline of one topic; unnamed "
                             "partitions keep their position)")
+    reset.add_argument("--topic", action="append", default=[], dest="topics", metavar="TOPIC",
+                       help="reset only this topic's partitions (repeatable; default: every topic of the pipeline)")
     reset.add_argument("--take-over", action="store_true",
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
@@ -142,7 +144,7 @@ def _reset(pipeline: Pipeline, args) -> int:
         to = OffsetBound.parse(args.to)
     except ValueError as exc:
         raise ValueError(f"--to {exc}") from None
-    done = reset(pipeline, to, take_over=args.take_over)
+    done = reset(pipeline, to, take_over=args.take_over, topics=args.topics)
     print(f"{pipeline.name}: positions reset from {json.dumps(nested(done['from']))} to {json.dumps(nested(done['to']))} "
           f"(versions: {json.dumps(done['versions'])})")
     return 0

@@ -101,8 +101,8 @@ def check_identity(pipeline: Pipeline, ledger: Ledger, table, topic: str, identi
         raise TopicChanged(
             f"{where}: the topic was deleted and recreated: positions {json.dumps(nested(positions)[topic])} were "
             f"committed ({version}) for topic ID {before}, the topic now has ID {identity.topic_id}. Its offsets start "
-            f"over, so nothing is read; to ingest the new topic, `oncemore reset {pipeline.name} --to earliest` (or "
-            "latest, a timestamp, offsets).",
+            f"over, so nothing is read; to ingest the new topic, `oncemore reset {pipeline.name} --topic {topic} --to "
+            "earliest` (or latest, a timestamp, offsets).",
             pipeline=pipeline.name, topic=topic, committed_topic_id=committed.topic_ids.get(topic) if committed else None,
             topic_id=identity.topic_id, positions={str(p): v for p, v in positions.items()},
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 from . import bounds, kafka
 from .committer import commit_positions
@@ -23,17 +23,27 @@ from .ledger import Ledger
 from .tables import ensure_tables
 
 
-def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False) -> dict[str, Any]:
-    """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) in
-    both tables. An unnamed partition keeps each table's own position (the main table's starts at
-    the log start when it has none): the quarantine table's may be ahead after a crash between
-    the two commits of a batch, and it is that floor which keeps its rows from being written twice.
+def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False,
+          topics: Iterable[str] = ()) -> dict[str, Any]:
+    """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) of
+    ``topics`` (default: every topic of the pipeline) in both tables. An unnamed partition keeps
+    each table's own position, and one without a position stays without (a run starts it as it
+    would have: a new topic at ``starting_offsets``): the quarantine table's may be ahead after a
+    crash between the two commits of a batch, and it is that floor which keeps its rows from being
+    written twice.
 
     ``take_over`` lets this pipeline take the topic over in a table where another pipeline
     ingests it: the reset commits make this pipeline the owner, and the other one's runs are
     refused from then on."""
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_source(admin, pipeline)
+    chosen = set(topics) or set(state.topics)
+    named_topics = {t for t, _ in to.offsets if t is not None} if to.kind == "offsets" else set()
+    outside = sorted((chosen | named_topics) - set(state.topics)) or sorted(named_topics - chosen)
+    if outside:
+        raise PlanError(f"pipeline {pipeline.name}: topic {outside[0]} is not among the ones reset "
+                        f"({', '.join(sorted(chosen))}) of the pipeline's ({', '.join(state.topics)})",
+                        pipeline=pipeline.name, topic=outside[0])
     log = kafka.log_bounds(admin, pipeline, state.partitions)
     options = pipeline.sink.storage_options
     main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
@@ -41,16 +51,19 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     for topic in state.topics:
         check_owner(pipeline, main, main.snapshot(), topic, take_over)
     before = main.positions(state.partitions)
-    unnamed = {p: before[p] if before[p] is not None else log[p].earliest for p in log}
-    target = bounds.resolve(admin, pipeline, to, log, range_starts={p: None for p in log}, default=unnamed)
-    for partition, offset in sorted(target.items()):
-        if not log[partition].earliest <= offset <= log[partition].latest:
+    reset_log = {p: b for p, b in log.items() if p.topic in chosen}
+    resolved = bounds.resolve(admin, pipeline, to, reset_log, range_starts={p: None for p in reset_log},
+                              default={p: None for p in reset_log})
+    named = {p for p, offset in resolved.items() if offset is not None}
+    for partition in sorted(named):
+        if not log[partition].earliest <= resolved[partition] <= log[partition].latest:
             raise PlanError(
-                f"pipeline {pipeline.name}: {partition}: cannot reset to offset {offset}, outside the log "
+                f"pipeline {pipeline.name}: {partition}: cannot reset to offset {resolved[partition]}, outside the log "
                 f"[{log[partition].earliest}, {log[partition].latest}]",
-                pipeline=pipeline.name, topic=partition.topic, partition=partition.partition, offset=offset,
+                pipeline=pipeline.name, topic=partition.topic, partition=partition.partition,
+                offset=resolved[partition],
             )
-    named = set(to.for_topics(state.topics)) if to.kind == "offsets" else set(log)
+    target = {p: resolved[p] if p in named else before[p] for p in log}
     quarantine_before = quarantine.positions(state.partitions)
     quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
     ensure_tables(pipeline, _table_schema(pipeline, main, state.topics))
