@@ -272,7 +272,9 @@ def test_every_option_not_known_harmless_is_masked_in_output_and_in_spark(tmp_pa
     for harmless in ("storage.AWS_REGION", "storage.aws_allow_http", "kafka.security.protocol", "kafka.sasl.username",
                      "kafka.group.id", "topic", "tasks", "pipeline"):
         assert not regex.search(harmless), harmless
-    assert regex.search("registry.basic.auth.user.info") and regex.search("registry.url")
+    for key in ("registry.basic.auth.user.info", "key.registry.basic.auth.user.info", "key.registry.bearer.auth.token",
+                "registry.url", "key.registry.url"):
+        assert regex.search(key), key
 
 
 def test_registry_urls_are_shown_without_their_user_info():

@@ -90,12 +90,13 @@ def _without_userinfo(url: Any) -> Any:
 
 def spark_options_regex() -> str:
     """Java regex for ``spark.sql.redaction.options.regex``: every ``kafka.``/``storage.``/``registry.``
-    data source option not on the allow-lists (Spark masks the value of an option whose key it finds),
-    and Spark's own default (``url``)."""
+    (and the key's ``key.registry.``) data source option not on the allow-lists (Spark masks the
+    value of an option whose key it finds), and Spark's own default (``url``)."""
     alternatives = []
     for kind, keys in _KIND_KEYS.items():
         allowed = "|".join(re.escape(k) for k in sorted(keys - {"url"}))
-        alternatives.append(f"^{kind}\\.(?!(?:{allowed})$)")
+        prefix = "(?:key\\.)?registry" if kind == "registry" else kind
+        alternatives.append(f"^{prefix}\\.(?!(?:{allowed})$)")
     return "(?i)" + "|".join(alternatives) + "|url"
 
 
