@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from oncemore.overview import pipeline_overview
 from oncemore.progress import Progress
 from oncemore.report import FreshnessAlert, check_freshness, status
 from oncemore.runner import run
+from oncemore.staging import STAGING_DIR
 
 from conftest import assert_exactly_once, held_positions, keyed, orders, read_pairs
 from test_cli import oncemore
@@ -61,9 +63,18 @@ def test_maintenance_beside_ingestion_keeps_every_record_once_and_the_positions(
         p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
     assert in_flight.exists(), "vacuum deleted a file younger than the retention floor"
 
+    # Staging directories of parts whose runs died: those older than the retention go, a live one stays.
+    staging = Path(pipeline.sink.quarantine_uri) / STAGING_DIR
+    abandoned, live = staging / "run-abandoned-0-1", staging / "run-live-0-2"
+    for directory in (abandoned, live):
+        directory.mkdir(parents=True)
+        (directory / "range-x.json").write_text("{}")
+    long_ago = time.time() - (VACUUM_RETENTION_FLOOR_HOURS + 1) * 3600
+    os.utime(abandoned, (long_ago, long_ago))
     final = oncemore("maintain", "--config", pipeline.origin)
     tables = json.loads(final.stdout)["tables"]
     assert tables["main"]["status"] == tables["quarantine"]["status"] == "maintained"
+    assert tables["quarantine"]["staging_removed"] == 1 and not abandoned.exists() and live.exists()
     operations = [c["operation"] for c in DeltaTable(pipeline.sink.table_uri).history()]
     assert "OPTIMIZE" in operations
     # Compacted: fewer files than the ingestion's commits wrote, and a checkpoint of the last version.

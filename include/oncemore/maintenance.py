@@ -1,5 +1,6 @@
 """Table upkeep (``oncemore maintain``): compaction of small files, a checkpoint, and vacuum, for a
-pipeline's main and quarantine tables, by delta-rs's own operations.
+pipeline's main and quarantine tables, by delta-rs's own operations; and the staging directories
+runs left behind (staging.py), older than the same retention.
 
 Invariants: the ledger survives (compaction rewrites data files with dataChange=false and never
 touches txn actions; a checkpoint carries them), it runs beside ingestion (compaction commits
@@ -17,6 +18,7 @@ from typing import Any
 
 from .config import Maintenance, Pipeline
 from .ledger import open_table
+from .staging import remove_stale
 
 log = logging.getLogger("oncemore")
 
@@ -42,5 +44,8 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
             "files_removed": compacted.get("numFilesRemoved", 0), "files_added": compacted.get("numFilesAdded", 0),
             "files_deleted": len(deleted), "seconds": round(time.monotonic() - started, 2),
         }
+        if role == "quarantine":  # vacuum leaves directories starting with "_" alone
+            done[role]["staging_removed"] = remove_stale(uri, settings.vacuum_retention_hours,
+                                                         pipeline.sink.storage_options)
         log.info("%s: %s table %s: %s", pipeline.name, role, uri, done[role])
     return {"pipeline": pipeline.name, "tables": done}
