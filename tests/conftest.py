@@ -14,6 +14,8 @@ import glob
 import json
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -203,6 +205,33 @@ def read_coordinates(table_uri: str) -> list[tuple[str, int, int]]:
 
 def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
     return [(topic, p, o) for p, o in pairs]
+
+
+def run_with_fault(pipeline: Pipeline, fault: str) -> subprocess.CompletedProcess:
+    """``oncemore run`` of ``pipeline`` in its own process, dying at the faults.py step ``fault``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
+           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": fault}
+    return subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def crash_before_main_commit(monkeypatch):
+    """``crash_before_main_commit(pipeline)`` makes its runs die (SystemExit) right after a part's
+    quarantine commit, before its main commit; ``monkeypatch.undo()`` ends it."""
+    from oncemore import partcommit
+
+    real_commit = partcommit.commit
+
+    def install(pipeline: Pipeline) -> None:
+        def crash_on_main(ledger, *args, **kwargs):
+            if ledger.table_uri == pipeline.sink.table_uri:
+                raise SystemExit("injected crash after the quarantine commit")
+            return real_commit(ledger, *args, **kwargs)
+
+        monkeypatch.setattr(partcommit, "commit", crash_on_main)
+
+    return install
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from oncemore import devbroker, partcommit, runner
+from oncemore import devbroker, runner
 from oncemore.committer import commit_positions
 from oncemore.config import OffsetBound
 from oncemore.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
@@ -240,19 +240,13 @@ def test_a_recreated_topic_is_caught_when_the_pipelines_last_commit_is_far_back(
         runner.run(pipeline, spark_factory=no_spark)
 
 
-def test_a_partial_reset_keeps_the_quarantine_floor_of_unnamed_partitions(broker, topic, make_pipeline, spark, monkeypatch):
+def test_a_partial_reset_keeps_the_quarantine_floor_of_unnamed_partitions(broker, topic, make_pipeline, spark, monkeypatch,
+                                                                           crash_before_main_commit):
     records = orders(0, 90)
     records[4] = (records[4][0], records[4][1], b"{broken", None)  # partition 1, offset 1
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic)
-    real_commit = partcommit.commit
-
-    def crash_on_main(ledger, *args, **kwargs):
-        if ledger.table_uri == pipeline.sink.table_uri:
-            raise SystemExit("injected crash after the quarantine commit")
-        return real_commit(ledger, *args, **kwargs)
-
-    monkeypatch.setattr(partcommit, "commit", crash_on_main)
+    crash_before_main_commit(pipeline)
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()

@@ -30,13 +30,6 @@ POINT_V2 = json.dumps({"type": "record", "name": "Point", "fields": [
     {"name": "x", "type": "long"}, {"name": "y", "type": ["null", "long"], "default": None}]})
 
 
-@pytest.fixture(scope="module")
-def registry():
-    local = start_registry()
-    yield local
-    local.stop()
-
-
 @pytest.fixture
 def client(registry):
     with SchemaRegistryClient(registry.settings()) as connected:

@@ -24,7 +24,7 @@ from oncemore.kafka import admin_client, log_bounds
 from oncemore.commitrecord import METADATA_KEY, CommitRecord
 from oncemore.ledger import app_id, fingerprint
 
-from conftest import assert_exactly_once, held_positions, keyed, order, orders, read_pairs, query
+from conftest import assert_exactly_once, held_positions, keyed, order, orders, query, read_pairs, run_with_fault
 
 pytestmark = pytest.mark.spark
 
@@ -187,19 +187,13 @@ def test_crash_after_writing_files_before_commit_then_rerun_is_exactly_once(brok
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
-def test_crash_between_quarantine_and_main_commit_heals_on_rerun(broker, topic, make_pipeline, spark, monkeypatch):
+def test_crash_between_quarantine_and_main_commit_heals_on_rerun(broker, topic, make_pipeline, spark, monkeypatch,
+                                                                  crash_before_main_commit):
     records = orders(0, 900)
     records[10] = (records[10][0], records[10][1], b"{broken", None)
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic)
-    real_commit = partcommit.commit
-
-    def crash_on_main(ledger, *args, **kwargs):
-        if ledger.table_uri == pipeline.sink.table_uri:
-            raise SystemExit("injected crash after the quarantine commit")
-        return real_commit(ledger, *args, **kwargs)
-
-    monkeypatch.setattr(partcommit, "commit", crash_on_main)
+    crash_before_main_commit(pipeline)
     with pytest.raises(SystemExit):
         runner.run(pipeline, spark_factory=lambda: spark)
     monkeypatch.undo()
@@ -481,10 +475,7 @@ def test_json_null_and_invalid_utf8_go_to_quarantine_and_the_run_goes_on(broker,
 def test_a_crashed_python_worker_fails_the_run_naming_topic_partitions_and_offsets(broker, topic, make_pipeline):
     broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
-           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": "task"}
-    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = run_with_fault(pipeline, "task")
 
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]

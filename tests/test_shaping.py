@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import subprocess
-import sys
 from decimal import Decimal
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -23,7 +19,7 @@ from oncemore.evolution import SchemaChangeRefused
 from oncemore.transform import TransformRefused
 
 from conftest import (assert_exactly_once, held_positions, order, orders, produced_coordinates, query,
-                      read_coordinates)
+                      read_coordinates, run_with_fault)
 
 pytestmark = pytest.mark.spark
 HOUR = 3_600_000
@@ -167,10 +163,7 @@ def test_a_commit_whose_process_dies_after_landing_keeps_its_files_and_the_rerun
     produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30) + [(0, None, b"{broken", None)]))
     pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 5 > 0",
                              expectations=[{"name": "small", "check": "id < 25"}])
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
-           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": "committed"}
-    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = run_with_fault(pipeline, "committed")
 
     # The sink's commit worker died after both commits landed: Spark called abort, which must not
     # delete files the log now references.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -23,6 +22,7 @@ from typing import Iterable, Iterator
 
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from .devprocess import stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
 TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
@@ -115,12 +115,7 @@ class DevBroker:
     def stop(self) -> None:
         if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
     def restart(self) -> None:
         """Stops the local broker and starts it again on the same address (keeps its data only

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .devbroker import free_port, wait_listening
+from .devprocess import stop_process
 
 
 class SparkCluster:
@@ -23,12 +24,7 @@ class SparkCluster:
 
     def stop(self) -> None:
         for process in reversed(self.processes):  # the worker first, so the master sees it leave
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            stop_process(process, grace_seconds=15)
 
 
 def _spark_class() -> str:

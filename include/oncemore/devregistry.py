@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .devprocess import stop_process
+
 USER_INFO_ENV = "ONCEMORE_DEVREGISTRY_USER_INFO"
 SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 
@@ -341,12 +343,7 @@ class DevRegistry:
         return {"url": self.url, **({"basic.auth.user.info": self.user_info} if self.user_info else {})}
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
 
 def start_registry(port: int = 0, user_info: str | None = None) -> DevRegistry:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .devbroker import free_port, wait_listening
+from .devprocess import stop_process
 
 
 class S3Server:
@@ -49,12 +50,7 @@ class S3Server:
         return target
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
 
 def start_s3_server(port: int | None = None) -> S3Server:
