@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pickle
 import uuid
 from decimal import Decimal
 
@@ -18,11 +19,17 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from conftest import duckdb_connection
+from oncemore.avro_merge import merge_schemas
+from oncemore.avro_schema import AvroSchema, compare_schemas
 from oncemore.decode_avro import AvroDecoder, avro_to_arrow
+from oncemore.decode import RecordDecoder
 from oncemore.devregistry import start_registry
 from oncemore.formats import SchemaAhead
+from oncemore.recordformat import FormatSpec, RecordSpec
 from oncemore.registry import Registry, RegistryError
-from oncemore.schema import SchemaError
+from oncemore.schema import RECORD_SCHEMA, SchemaError
+from oncemore.tables import ensure_table
+from oncemore.tasks import AheadRecord, TaskSpec, _RangeDecoding
 
 UTC = datetime.timezone.utc
 ADDRESS = {"type": "record", "name": "Address", "fields": [{"name": "zip", "type": "string"}]}
@@ -263,10 +270,124 @@ def test_basic_auth_settings_pass_through_and_the_secret_never_shows(elsewhere):
 
 
 def test_decoders_pickle_for_spark_workers(registry):
-    import pickle
-
     produce(serializer(registry, V1), "pickled", [{"id": 1, "profile": {"name": "p"}}])
     settings = registry.settings()
     decoder = AvroDecoder(Registry(settings), Registry(settings).latest("pickled-value").schema)
     copy = pickle.loads(pickle.dumps(decoder))
     assert copy.schema == decoder.schema and copy.registry.settings == settings
+
+
+def test_the_merge_of_the_reader_and_a_writer_ahead_of_it_reads_records_of_both(registry):
+    # The reader (the subject's latest) dropped `legacy` and has a union and an enum; the writer
+    # (an old producer) still writes `legacy`, a third union branch, another symbol, and more in a
+    # named record that both use twice.
+    contact = {"type": "record", "name": "Contact", "fields": [{"name": "email", "type": "string"}]}
+    reader = {"type": "record", "name": "Lead", "namespace": "crm", "fields": [
+        {"name": "id", "type": "long"}, {"name": "home", "type": contact}, {"name": "work", "type": ["null", "Contact"]},
+        {"name": "score", "type": ["null", "long"], "default": None},
+        {"name": "stage", "type": {"type": "enum", "name": "Stage", "symbols": ["NEW", "WON"]}},
+        {"name": "since", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+    writer = {"type": "record", "name": "Lead", "namespace": "crm", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "home", "type": {**contact, "fields": contact["fields"] + [{"name": "phone", "type": "string"}]}},
+        {"name": "work", "type": ["null", "Contact"]}, {"name": "score", "type": ["null", "long", "string"]},
+        {"name": "stage", "type": {"type": "enum", "name": "Stage", "symbols": ["NEW", "LOST"]}},
+        {"name": "legacy", "type": {"type": "array", "items": "Contact"}},
+        {"name": "since", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+    topic = f"leads-{uuid.uuid4().hex[:8]}"
+    written = produce(serializer(registry, writer), topic, [{
+        "id": 1, "home": {"email": "a@x", "phone": "1"}, "work": {"email": "b@x", "phone": "2"}, "score": "high",
+        "stage": "LOST", "legacy": [{"email": "c@x", "phone": "3"}], "since": 1}])
+    read = produce(serializer(registry, reader), topic, [{
+        "id": 2, "home": {"email": "d@x"}, "work": None, "score": 7, "stage": "WON", "since": 2}])
+    registry_client = Registry(registry.settings())
+    older_id = int.from_bytes(written[0][1:5], "big")
+    latest = AvroSchema.registered(registry_client, registry_client.latest(f"{topic}-value").schema)
+    older = AvroSchema.registered(registry_client, registry_client.schema(older_id))
+
+    merged = merge_schemas(latest, older)
+
+    # One standalone schema: each named type defined once, where it first occurs, then named.
+    assert merged.count('"name": "crm.Contact"') == 1
+    assert compare_schemas(older, AvroSchema(merged)) == ([], []) == compare_schemas(latest, AvroSchema(merged))
+    decoder = AvroDecoder(registry_client, Schema(merged, "AVRO"))
+    decoded = decoder.decode(pa.array(written + read, pa.binary()))
+    assert decoded.errors == {}
+    assert decoded.table.to_pylist() == [
+        {"id": 1, "home": {"email": "a@x", "phone": "1"}, "work": {"email": "b@x", "phone": "2"},
+         "score": {"member0": None, "member1": "high"}, "stage": "LOST",
+         "since": datetime.datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC), "legacy": [{"email": "c@x", "phone": "3"}]},
+        {"id": 2, "home": {"email": "d@x", "phone": None}, "work": None, "score": {"member0": 7, "member1": None},
+         "stage": "WON", "since": datetime.datetime(1970, 1, 1, 0, 0, 0, 2, tzinfo=UTC), "legacy": None}]
+    # Whether a table can take the merge is the table's call: here `score` turns from BIGINT into a struct.
+    assert decoder.schema.field("score").type == pa.struct([("member0", pa.int64()), ("member1", pa.string())])
+
+    # A writer the run refused (its table could not take it): its records are errors with the reason.
+    refusing = AvroDecoder(registry_client, registry_client.latest(f"{topic}-value").schema, {older_id: "no room"})
+    decoded = pickle.loads(pickle.dumps(refusing)).decode(pa.array(written + read, pa.binary()))
+    assert decoded.errors == {0: "no room"} and decoded.table.column("id").to_pylist() == [None, 2]
+
+
+def test_a_batch_ahead_in_its_key_and_later_in_its_value_stops_at_the_earlier_of_the_two(registry, tmp_path):
+    def framed(schema: dict, subject: str, field: str, records: list[dict]) -> list[bytes]:
+        ser = AvroSerializer(SchemaRegistryClient(registry.settings()), json.dumps(schema),
+                             conf={"subject.name.strategy": lambda ctx, name: subject})
+        return [ser(r, SerializationContext("t", field)) for r in records]
+
+    topic = f"keyed-{uuid.uuid4().hex[:8]}"
+    grown = {**V1, "fields": V1["fields"] + [{"name": "email", "type": ["null", "string"], "default": None}]}
+    key = {"type": "record", "name": "Key", "fields": [{"name": "k", "type": "long"}]}
+    key_grown = {**key, "fields": key["fields"] + [{"name": "region", "type": ["null", "string"], "default": None}]}
+    keys = (framed(key, f"{topic}-key", MessageField.KEY, [{"k": i} for i in range(4)])
+            + framed(key_grown, f"{topic}-key-next", MessageField.KEY, [{"k": 4, "region": "eu"}]))
+    values = framed(V1, f"{topic}-value", MessageField.VALUE, [{"id": i, "profile": {"name": "p"}} for i in range(5)])
+    values[2] = framed(grown, f"{topic}-value-next", MessageField.VALUE, [{"id": 2, "profile": {"name": "p"}}])[0]
+    settings = registry.settings()
+    registry_client = Registry(settings)
+    latest = lambda role: registry_client.latest(f"{topic}-{role}").schema.to_dict()
+    spec = RecordSpec(FormatSpec("avro", registered=latest("value")), FormatSpec("avro", registered=latest("key")), False)
+    count = len(values)
+    batch = pa.RecordBatch.from_pydict({
+        "key": keys, "value": values, "topic": [topic] * count, "partition": pa.array([0] * count, pa.int32()),
+        "offset": list(range(10, 10 + count)), "timestamp": pa.array([0] * count, pa.timestamp("us", tz="UTC")),
+        "timestampType": pa.array([0] * count, pa.int32()), "headers": pa.nulls(count, RECORD_SCHEMA.field("headers").type),
+        "timestamp_ms": [0] * count}, schema=RECORD_SCHEMA)
+
+    # The key's first record ahead is at 4, the value's at 2: the batch stops at 2.
+    with pytest.raises(SchemaAhead) as ahead:
+        RecordDecoder(spec, settings, settings).decode(batch)
+    assert (ahead.value.index, ahead.value.role, ahead.value.schema_id) == (2, "value", int.from_bytes(values[2][1:5], "big"))
+
+    class Range:  # a range that yields the batch and stops where told, like records.RangeRecords
+        def __init__(self):
+            self.topic, self.partition, self.start, self.end, self.reached, self.bytes_read = topic, 0, 10, 15, None, 0
+
+        def __iter__(self):
+            yield batch
+
+        def stop_at(self, offset):
+            self.reached = offset
+
+    task = TaskSpec(spec, pa.schema([]), str(tmp_path / "main"), str(tmp_path / "quarantine"), (), {f"{topic}/0": 0},
+                    {}, settings, settings)
+    decoding = _RangeDecoding(Range(), task, task.decoder(), check_partitions=False)
+    rows = list(decoding.rows())
+    assert [r["id"] for t in rows for r in t.to_pylist()] == [0, 1]
+    assert AheadRecord.parse(decoding.schema_ahead) == AheadRecord("value", ahead.value.schema_id, topic, 0, 12)
+
+
+def test_a_map_of_local_timestamps_makes_a_table_and_a_column(tmp_path):
+    # TIMESTAMP_NTZ inside a MAP: delta-rs does not enable the timestampNtz table feature by itself.
+    schema = avro_to_arrow({"type": "record", "name": "Visit", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "seen", "type": {"type": "map", "values": {"type": "long", "logicalType": "local-timestamp-micros"}}}]})
+    rows = pa.Table.from_pylist([{"id": 1, "seen": [("home", datetime.datetime(2026, 1, 2, 3, 4, 5))]}], schema)
+    created = str(tmp_path / "created")
+    assert ensure_table(created, schema, (), "visits", "test") == schema
+    evolved = str(tmp_path / "evolved")
+    ensure_table(evolved, schema.remove(1), (), "visits", "test")
+    assert ensure_table(evolved, schema, (), "visits", "test") == schema
+    for path in (created, evolved):
+        write_deltalake(path, rows, mode="append")
+        assert "timestampNtz" in DeltaTable(path).protocol().reader_features
+        assert DeltaTable(path).to_pyarrow_table().to_pylist() == rows.to_pylist()

@@ -287,3 +287,19 @@ def test_decoders_pickle_for_spark_workers(registry):
     decoder = ProtobufDecoder(registry_client, registry_client.latest("pickled-value", fmt="serialized").schema)
     copy = pickle.loads(pickle.dumps(decoder))
     assert copy.schema == decoder.schema == protobuf_to_arrow(message_classes()["shop.Order"].DESCRIPTOR)
+
+
+def test_a_writer_the_run_refused_makes_errors_of_its_records_instead_of_stopping_the_range(registry):
+    import pickle
+
+    v1, v2 = message_classes(1), message_classes(2)
+    values = produce(registry, "refusing", [v1["shop.Order"](id=1), v2["shop.Order"](id=2, channel="web")])
+    registry_client = Registry(registry.settings())
+    first = registry_client.version("refusing-value", 1, fmt="serialized").schema
+    newer_id = int.from_bytes(values[1][1:5], "big")
+
+    decoder = pickle.loads(pickle.dumps(ProtobufDecoder(registry_client, first, refused={newer_id: "no room"})))
+    decoded = decoder.decode(pa.array(values, pa.binary()))
+
+    assert decoder.message_name == "shop.Order"
+    assert decoded.errors == {1: "no room"} and decoded.table.column("id").to_pylist() == [1, None]

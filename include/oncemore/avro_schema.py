@@ -250,17 +250,17 @@ def _has_named_branch(schema: AvroSchema, avro: Any, seen: set) -> bool:
     return False
 
 
-def _matching_branch(writer: AvroSchema, reader: AvroSchema, w: Any, candidates: list) -> Any:
-    """The first reader branch a writer type resolves into (Avro's rule for unions), or None."""
+def matching_branch(writer: AvroSchema, reader: AvroSchema, w: Any, candidates: list) -> int | None:
+    """The index of the first reader branch a writer type resolves into (Avro's rule for unions), or None."""
     w = writer.resolve(w)
-    for candidate in candidates:
+    for index, candidate in enumerate(candidates):
         r = reader.resolve(candidate)
         kw, kr = kind_of(w), kind_of(r)
         if kw in NAMED or kr in NAMED:
             if kw == kr and _short(w["name"]) in {_short(r["name"]), *map(_short, r.get("aliases", []))}:
-                return r
+                return index
         elif kw == kr or kr in _PROMOTIONS.get(kw, ()):
-            return r
+            return index
     return None
 
 
@@ -282,13 +282,14 @@ def _compare(writer: AvroSchema, reader: AvroSchema, w: Any, r: Any, path: str,
     w, r = writer.resolve(w), reader.resolve(r)
     where = path or "the value"
     if isinstance(w, list) or isinstance(r, list):
+        branches = r if isinstance(r, list) else [r]
         for branch in (w if isinstance(w, list) else [w]):
-            target = _matching_branch(writer, reader, branch, r if isinstance(r, list) else [r])
+            target = matching_branch(writer, reader, branch, branches)
             if target is None:
                 if isinstance(w, list):
                     ahead.append(f"{where} may hold {_describe(writer.resolve(branch))}")
             else:
-                _compare(writer, reader, branch, target, path, ahead, unresolvable, seen)
+                _compare(writer, reader, branch, branches[target], path, ahead, unresolvable, seen)
         return
     kw, kr = kind_of(w), kind_of(r)
     lw, lr = logical_of(w), logical_of(r)

@@ -55,13 +55,12 @@ class RecordDecoder:
         if self.spec.value.type != "raw":
             for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
                 errors.setdefault(i, "value is null (a tombstone), not a record")
+        key, value = self._decode_key_and_value(records.column("key").combine_chunks(), values, errors)
         columns: list[pa.ChunkedArray | pa.Array] = []
         names: list[str] = []
         if self._key is not None:
-            key = self._key.decode(records.column("key").combine_chunks(), errors)
             columns.append(key)
             names.append("key")
-        value = self._value.decode(values, errors)
         if self.spec.value.type in ("raw", "string"):
             columns.append(value)
             names.append("value")
@@ -79,6 +78,24 @@ class RecordDecoder:
         keep[list(errors)] = False
         bad_rows = sorted(errors)
         return Decoded(rows.filter(pa.array(keep)), quarantine_rows(records.take(bad_rows), [errors[i] for i in bad_rows]))
+
+    def _decode_key_and_value(self, keys: pa.Array, values: pa.Array,
+                              errors: dict[int, str]) -> tuple[pa.Array | None, pa.Array]:
+        """The keys and values decoded; or SchemaAhead for the first record whose key or value is
+        ahead of its reader (each decoder names only its own first one: the earlier of the two)."""
+        found: list[SchemaAhead] = []
+        key = value = None
+        try:
+            key = self._key.decode(keys, errors) if self._key is not None else None
+        except SchemaAhead as ahead:
+            found.append(ahead)
+        try:
+            value = self._value.decode(values, errors)
+        except SchemaAhead as ahead:
+            found.append(ahead)
+        if found:
+            raise min(found, key=lambda ahead: ahead.index)
+        return key, value
 
 
 class _FormatDecoder:

@@ -5,9 +5,11 @@ into the *reader* schema, the table's (normally the subject's latest), by Avro's
 (fastavro). Resolution silently drops what the reader lacks, so before any record of a writer schema
 is read, the two schemas are compared (avro_schema.compare_schemas): a writer with a field (at any
 depth), an enum symbol or a union branch the reader lacks is *ahead*, and its first record raises
-``SchemaAhead`` so the caller can cut the range there and evolve the table. A writer whose logical
-types disagree with the reader's (timestamp-millis against timestamp-micros, another decimal
-scale) cannot be resolved: its records are errors, never values read in the wrong unit.
+``SchemaAhead`` so the caller can cut the range there and follow it (avro_merge: the run reads
+into a merge of the two, the table evolved for it). A writer whose logical types disagree with the
+reader's (timestamp-millis against timestamp-micros, another decimal scale) cannot be resolved,
+ahead or not (a merge keeps the reader's logical types): its records are errors, never values read
+in the wrong unit; so are those of a writer the run ``refused`` (the table cannot take what it has).
 
 Values reach Arrow exactly: date, time and timestamp logical types are read as their raw integers
 (fastavro's datetime objects would cap years at 9999 and cost time) and scaled in integers;
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from io import BytesIO
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import fastavro
 import numpy as np
@@ -58,10 +60,11 @@ class _Writer:
 
 
 class AvroDecoder:
-    """``ValueDecoder`` for Confluent-framed Avro, read into ``reader_schema`` (the table's)."""
+    """``ValueDecoder`` for Confluent-framed Avro, read into ``reader_schema`` (the table's);
+    ``refused``: writer schema IDs whose records are errors, with the reason."""
 
-    def __init__(self, registry: Registry, reader_schema: Schema):
-        self.registry, self.reader_schema = registry, reader_schema
+    def __init__(self, registry: Registry, reader_schema: Schema, refused: Mapping[int, str] | None = None):
+        self.registry, self.reader_schema, self.refused = registry, reader_schema, dict(refused or {})
         self._reader = AvroSchema.registered(registry, reader_schema)
         self.schema = table_schema(self._reader)
         self._is_record = kind_of(self._reader.logical) == "record"
@@ -72,7 +75,7 @@ class AvroDecoder:
         self._writers: dict[int, _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return AvroDecoder, (self.registry, self.reader_schema)
+        return AvroDecoder, (self.registry, self.reader_schema, self.refused)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -119,6 +122,8 @@ class AvroDecoder:
         return self._writers[schema_id]
 
     def _load_writer(self, schema_id: int) -> _Writer:
+        if schema_id in self.refused:
+            return _Writer(error=self.refused[schema_id])
         try:
             registered = self.registry.schema(schema_id)
         except SchemaNotFound:
@@ -132,11 +137,11 @@ class AvroDecoder:
         if writer.identity == self._reader.identity:
             return _Writer(writer.readable)
         ahead, unresolvable = compare_schemas(writer, self._reader)
-        if ahead:
-            return _Writer(ahead=f"writer schema {schema_id} has what the table's schema lacks: {'; '.join(ahead)}")
         if unresolvable:
             return _Writer(error=f"writer schema {schema_id} cannot be resolved into the table's schema: "
                                  f"{'; '.join(unresolvable)}")
+        if ahead:
+            return _Writer(ahead=f"writer schema {schema_id} has what the table's schema lacks: {'; '.join(ahead)}")
         return _Writer(writer.readable, self._reader.readable)
 
 

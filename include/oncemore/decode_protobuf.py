@@ -9,7 +9,10 @@ A record is parsed with the *table's* message class (the reader), which gives pr
 resolution by field number, after its writer's message was compared with it: a writer with a field
 number (at any depth) or an enum value the reader lacks is *ahead*, and its first record raises
 ``SchemaAhead``; a writer whose shared fields cannot be read as the reader's, or that wrote another
-message, makes its records errors.
+message, makes its records errors, and so does a writer the run ``refused`` (the table cannot take
+what it has). Following a writer ahead, the run reads into that writer's own schema from then on
+(descriptors are not merged: records of an older writer with fields the newer one lacks stop the
+range again, one part per alternation).
 
 Values follow Spark's ``from_protobuf`` defaults for presence: a field without presence (proto3
 singular scalars and enums) equal to its type's default is not on the wire, so it reads as NULL
@@ -26,7 +29,7 @@ one; a registry that cannot answer (other than "no such schema ID") fails the ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
@@ -134,10 +137,13 @@ class _Writer:
 class ProtobufDecoder:
     """``ValueDecoder`` for Confluent-framed Protobuf, read into the table's message: ``message``
     (a full name) of ``reader_schema`` (the registry's answer with ``fmt="serialized"``, e.g.
-    ``registry.latest(subject, fmt="serialized").schema``), by default the file's first message."""
+    ``registry.latest(subject, fmt="serialized").schema``), by default the file's first message;
+    ``refused``: writer schema IDs whose records are errors, with the reason."""
 
-    def __init__(self, registry: Registry, reader_schema: Schema, message: str | None = None):
+    def __init__(self, registry: Registry, reader_schema: Schema, message: str | None = None,
+                 refused: Mapping[int, str] | None = None):
         self.registry, self.reader_schema, self.message = registry, reader_schema, message
+        self.refused = dict(refused or {})
         reader_file = ProtoFile.registered(registry, reader_schema)
         if message is None:
             self._reader = reader_file.message((0,))
@@ -147,13 +153,14 @@ class ProtobufDecoder:
             except KeyError:
                 raise SchemaError(f"the reader schema has no message {message}") from None
         self.schema = protobuf_to_arrow(self._reader)
+        self.message_name = self._reader.full_name
         self._parse = message_factory.GetMessageClass(self._reader).FromString
         self._convert = _message_converter(self._reader, "")
         self._files: dict[int, ProtoFile | str] = {}  # schema ID -> its file, or why there is none
         self._writers: dict[tuple[int, tuple[int, ...]], _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return ProtobufDecoder, (self.registry, self.reader_schema, self.message)
+        return ProtobufDecoder, (self.registry, self.reader_schema, self.message, self.refused)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -200,6 +207,8 @@ class ProtobufDecoder:
         return self._writers[key]
 
     def _load_writer(self, schema_id: int, indexes: tuple[int, ...]) -> _Writer:
+        if schema_id in self.refused:
+            return _Writer(error=self.refused[schema_id])
         if schema_id not in self._files:
             self._files[schema_id] = self._load_file(schema_id)
         found = self._files[schema_id]

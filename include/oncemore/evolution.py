@@ -6,6 +6,9 @@ nested in a struct (also inside arrays and maps), is added when it is nullable; 
 a nullable column of the table is fine (its values are NULL). Stopped, naming the column and both
 types: a changed type, a nullability the table cannot take (a NOT NULL column the records no longer
 fill, a new NOT NULL column a table with rows cannot hold), and any change at all with ``fail``.
+Stopped before a run reads anything, the run fails; stopped for a writer schema met during a run
+(runner.prepare), that writer's records are quarantined with the reason instead: so with ``fail``,
+records whose writer would change the table are quarantined and the table stays as it is.
 
 Types are compared as Spark types (a Delta table's schema is Spark's schema JSON), so the
 records' Arrow types and the table's agree however delta-rs spells them in Arrow.
@@ -21,7 +24,8 @@ from .errors import OncemoreError
 
 
 class SchemaChangeRefused(OncemoreError):
-    """The records' schema changed in a way the table cannot follow (or may not: schema_evolution: fail)."""
+    """The records' schema changed in a way the table cannot follow (or may not: schema_evolution: fail);
+    evidence ``problem``: what, naming the column."""
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
@@ -43,8 +47,8 @@ def evolve(table: StructType | None, records: StructType, mode: str, where: str)
     added: list[str] = []
     merged = _merge(table, records, "", added, where)
     if merged != table and mode == "fail":
-        raise SchemaChangeRefused(f"{where}: the records' schema adds {', '.join(added)} to the table and "
-                                  "sink.schema_evolution is fail; nothing was written", added=added)
+        _refuse(where, f"the records' schema adds {', '.join(added)} to the table and sink.schema_evolution is fail",
+                added=added)
     return merged, added
 
 
@@ -87,5 +91,5 @@ def _path(parent: str, name: str) -> str:
     return f"{parent}.{name}" if parent else name
 
 
-def _refuse(where: str, problem: str) -> None:
-    raise SchemaChangeRefused(f"{where}: {problem}; nothing was written", problem=problem)
+def _refuse(where: str, problem: str, **evidence) -> None:
+    raise SchemaChangeRefused(f"{where}: {problem}; nothing was written", problem=problem, **evidence)

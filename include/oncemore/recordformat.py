@@ -2,23 +2,30 @@
 into data the executors rebuild decoders from, and the columns the records have (the view
 ``records`` a transform reads, and the table without a transform).
 
-Avro and Protobuf formats are resolved against the schema registry here: the table's schema is the
-subject's latest registered version (``<topic>-value`` / ``<topic>-key`` unless ``subject:`` says
-otherwise), and a declared ``schema:`` must be a subset of it with the same types (its columns are
-then the ones kept). Each record is still read with its own writer's schema, fetched by ID by the
-executor that decodes it. Registry settings never travel with the spec: they hold secrets, and go
-to executors as Spark data source options Spark redacts (``registry.<key>``, ``key.registry.<key>``).
+Avro and Protobuf formats are resolved against the schema registry here: a run's reader schema is
+at first the subject's latest registered version (``<topic>-value`` / ``<topic>-key`` unless
+``subject:`` says otherwise), and a declared ``schema:`` must be a subset of it with the same types
+(its columns are then the ones kept). Each record is still read with its own writer's schema,
+fetched by ID by the executor that decodes it. A record whose writer has what the reader lacks (a
+newer producer, or an older one after the latest version dropped a field) stops its range; the run
+then ``follow``s that writer (Avro: the merge of reader and writer, avro_merge; Protobuf: the
+writer's own schema) or, when the table cannot take it, ``refuse``s it: its records become errors
+with the reason (quarantined), so no record stops a run twice. Registry settings never travel with
+the spec: they hold secrets, and go to executors as Spark data source options Spark redacts
+(``registry.<key>``, ``key.registry.<key>``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
+from .avro_merge import merge_schemas
+from .avro_schema import AvroSchema
 from .config import Format, Pipeline
 from .ddl import parse_ddl, to_ddl
 from .decode_avro import AvroDecoder
@@ -34,26 +41,39 @@ class FormatError(OncemoreError):
     the registered one does not hold)."""
 
 
+class ReaderBehind(FormatError):
+    """A record's writer schema is still ahead of the reader the run changed for it: following it
+    again would go round forever."""
+
+
 @dataclass(frozen=True)
 class FormatSpec:
     """One format (a value's or a key's) as executors need it: its type, and for json the declared
-    DDL, for avro and protobuf the table's registered schema (``Schema.to_dict()``), the message
-    and the declared DDL that projects it."""
+    DDL, for avro and protobuf the reader schema (``Schema.to_dict()``: registered, or a merge), the
+    message, the declared DDL that projects it, and the writer schema IDs whose records are errors
+    (``refused``: ID -> reason)."""
 
     type: str
     ddl: str | None = None
     registered: Mapping[str, Any] | None = None
     message: str | None = None
     framed: bool = False
+    refused: Mapping[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FormatSpec":
+        """``asdict``'s form back, after JSON (which made the refused IDs text)."""
+        return cls(**{**data, "refused": {int(k): v for k, v in data.get("refused", {}).items()}})
 
     def decoder(self, registry_settings: Mapping[str, str] | None):
         """The decoder of these values (raw and string: None, decode.py handles bytes and text)."""
         if self.type == "json":
             return JsonDecoder(parse_ddl(self.ddl))
         if self.type == "avro":
-            return AvroDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)))
+            return AvroDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)), self.refused)
         if self.type == "protobuf":
-            return ProtobufDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)), self.message)
+            return ProtobufDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)), self.message,
+                                   self.refused)
         return None
 
     def columns(self, registry_settings: Mapping[str, str] | None) -> pa.Schema | None:
@@ -78,8 +98,8 @@ class RecordSpec:
     @classmethod
     def from_json(cls, text: str) -> "RecordSpec":
         data = json.loads(text)
-        return cls(value=FormatSpec(**data["value"]), key=FormatSpec(**data["key"]) if data["key"] else None,
-                   headers=data["headers"])
+        return cls(value=FormatSpec.from_dict(data["value"]),
+                   key=FormatSpec.from_dict(data["key"]) if data["key"] else None, headers=data["headers"])
 
     def schema(self, value_registry: Mapping[str, str] | None, key_registry: Mapping[str, str] | None) -> pa.Schema:
         """The records' columns (schema.records_schema)."""
@@ -102,23 +122,49 @@ def registries(pipeline: Pipeline) -> tuple[dict[str, str] | None, dict[str, str
     return (dict(value) if value else None), (dict(key) if key else None)
 
 
-def resolve(pipeline: Pipeline, topics: list[str], ahead: str | None = None) -> RecordSpec:
+def resolve(pipeline: Pipeline, topics: list[str]) -> RecordSpec:
     """The pipeline's RecordSpec, its avro and protobuf formats resolved against the registry: the
-    subject's latest schema is the table's, unless ``ahead`` ("value:<ID>", a record's writer schema
-    newer than the table's) names the one to read into from now on."""
+    subject's latest schema is the reader."""
     value_registry, key_registry = registries(pipeline)
-    role, _, schema_id = (ahead or "").partition(":")
     key = pipeline.key
     if key is None and pipeline.format.type == "raw":
         key_spec = FormatSpec("raw")
     else:
-        key_spec = (_resolve(pipeline, key, "key", topics, key_registry, int(schema_id) if role == "key" else None)
-                    if key is not None else None)
-    value = _resolve(pipeline, pipeline.format, "value", topics, value_registry, int(schema_id) if role == "value" else None)
-    return RecordSpec(value, key_spec, pipeline.headers)
+        key_spec = _resolve(pipeline, key, "key", topics, key_registry) if key is not None else None
+    return RecordSpec(_resolve(pipeline, pipeline.format, "value", topics, value_registry), key_spec, pipeline.headers)
 
 
-def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], settings, schema_id: int | None) -> FormatSpec:
+def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int) -> RecordSpec:
+    """``spec`` with the ``role``'s reader covering writer schema ``schema_id`` too, a record's
+    writer that has what the reader lacks (SchemaAhead): for Avro the merge of the two
+    (avro_merge), so records of either resolve into it and producers on both versions cost no
+    further stop; for Protobuf the writer's own schema, read as the same message. SchemaError
+    when no table could hold the merge, FormatError when a declared schema's column changes."""
+    fmt = getattr(spec, role)
+    value_registry, key_registry = registries(pipeline)
+    settings = key_registry if role == "key" else value_registry
+    registry = Registry(settings)
+    if fmt.type == "avro":
+        reader = AvroSchema.registered(registry, Schema.from_dict(dict(fmt.registered)))
+        writer = AvroSchema.registered(registry, registry.schema(schema_id))
+        followed = replace(fmt, registered=Schema(merge_schemas(reader, writer), "AVRO").to_dict())
+    else:
+        followed = replace(fmt, registered=registry.schema(schema_id, fmt="serialized").to_dict(),
+                           message=fmt.decoder(settings).message_name)
+    if fmt.ddl:
+        block = "format" if role == "value" else "key"
+        _check_declared(pipeline.name, block, f"the reader following schema ID {schema_id}", parse_ddl(fmt.ddl),
+                        replace(followed, ddl=None).columns(settings))
+    return replace(spec, **{role: followed})
+
+
+def refuse(spec: RecordSpec, role: str, schema_id: int, reason: str) -> RecordSpec:
+    """``spec`` with every record of the ``role``'s writer schema ``schema_id`` an error, for ``reason``."""
+    fmt = getattr(spec, role)
+    return replace(spec, **{role: replace(fmt, refused={**fmt.refused, schema_id: reason})})
+
+
+def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], settings) -> FormatSpec:
     block = "format" if role == "value" else "key"
     if fmt.type not in ("avro", "protobuf"):
         return FormatSpec(fmt.type, ddl=fmt.ddl, framed=fmt.confluent_framing)
@@ -126,31 +172,26 @@ def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], sett
         raise FormatError(f"pipeline {pipeline.name}: {block}.subject is required: the table has one schema and the "
                           f"pipeline reads topics {', '.join(topics)}, each with a subject of its own", block=block)
     subject = fmt.subject or f"{topics[0]}-{role}"
-    registry = Registry(settings)
-    serialized = "serialized" if fmt.type == "protobuf" else None
-    if schema_id is None:
-        latest = registry.latest(subject, fmt=serialized)
-        schema, source = latest.schema, f"{subject} version {latest.version}"
-    else:
-        schema, source = registry.schema(schema_id, fmt=serialized), f"schema ID {schema_id}"
-    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=schema.to_dict(), message=fmt.message)
-    registered = FormatSpec(fmt.type, registered=spec.registered, message=fmt.message).columns(settings)
+    latest = Registry(settings).latest(subject, fmt="serialized" if fmt.type == "protobuf" else None)
+    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=latest.schema.to_dict(), message=fmt.message)
     if fmt.ddl:
-        _check_declared(pipeline.name, block, source, parse_ddl(fmt.ddl), registered)
+        _check_declared(pipeline.name, block, f"{subject} version {latest.version}", parse_ddl(fmt.ddl),
+                        replace(spec, ddl=None).columns(settings))
     return spec
 
 
 def _check_declared(pipeline: str, block: str, source: str, declared: pa.Schema, registered: pa.Schema) -> None:
     """A declared schema picks columns of the registered one: each must be there, with its type."""
-    for field in declared:
-        index = registered.get_field_index(field.name)
+    for column in declared:
+        index = registered.get_field_index(column.name)
         if index < 0:
-            raise FormatError(f"pipeline {pipeline}: {block}.schema: column {field.name!r} is not in {source} "
-                              f"({', '.join(registered.names)})", column=field.name)
+            raise FormatError(f"pipeline {pipeline}: {block}.schema: column {column.name!r} is not in {source} "
+                              f"({', '.join(registered.names)})", column=column.name)
         found = registered.field(index).type
-        if not found.equals(field.type):
-            raise FormatError(f"pipeline {pipeline}: {block}.schema: column {field.name!r} is {to_ddl(field.type)}, "
-                              f"{source} has {to_ddl(found)}", column=field.name)
+        if not found.equals(column.type):
+            raise FormatError(f"pipeline {pipeline}: {block}.schema: column {column.name!r} is {to_ddl(column.type)}, "
+                              f"{source} has {to_ddl(found)}", column=column.name)
 
 
-__all__ = ["FormatError", "FormatSpec", "RecordSpec", "registries", "resolve", "SchemaError"]
+__all__ = ["FormatError", "FormatSpec", "ReaderBehind", "RecordSpec", "follow", "refuse", "registries", "resolve",
+           "SchemaError"]

@@ -4,7 +4,12 @@ A batch runs from the table's *current* positions to its planned ends, so a retr
 partly committed plan does exactly the part the table does not hold yet, and a plan the table
 already holds is a no-op that never starts Spark. Byte budgets may cut a batch short: the part
 read is committed, and the rest of the batch follows in the next commit of the same batch_seq.
-An empty plan returns before pyspark is even imported.
+So may a record whose writer schema is ahead of the reader: the run follows that writer (the
+table evolved for it) or, when the table cannot take it, refuses it (its records quarantined), and
+the batch goes on; a record still ahead of the reader changed for it fails the run (ReaderBehind)
+instead of going round. Each run starts from the subjects' latest schemas: a writer it follows
+(an old producer after the latest version dropped a field) costs every run that meets it one
+more part. An empty plan returns before pyspark is even imported.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import kafka
@@ -26,9 +31,10 @@ from .ledger import Ledger
 from .partcommit import Part, Written, commit_part
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
 from .progress import Progress
+from .recordformat import FormatError, ReaderBehind, RecordSpec, follow, refuse, registries, resolve
 from .schema import SchemaError, check_partition_by
 from .storage import table_location
-from .tasks import RangeResult, TaskSpec
+from .tasks import AheadRecord, RangeResult, TaskSpec
 from .transform import VERDICT_PREFIX, TransformRefused
 
 log = logging.getLogger("oncemore")
@@ -102,20 +108,39 @@ class _Run:
             self._spark = self._spark_factory()
         return self._spark
 
-    def prepare(self, ahead: str | None = None) -> None:
+    def prepare(self, ahead: AheadRecord | None = None) -> None:
         """How records are decoded (the registry asked once), what a transform makes of them
-        (checked by Spark before a record is read), and the table made ready for it."""
+        (checked by Spark before a record is read), and the table made ready for it. With
+        ``ahead``, a record whose writer schema the reader lacks: the reader follows that writer
+        when the table can take the result (recordformat.follow), else the writer is refused, its
+        records errors with the reason, and the table stays as it is."""
+        from .evolution import SchemaChangeRefused
+
+        if ahead is None:
+            self.registries = registries(self.pipeline)
+            self._take(resolve(self.pipeline, list(self.plan.topics)))
+            return
+        try:
+            self._take(follow(self.pipeline, self.records, ahead.role, ahead.schema_id))
+        except (FormatError, SchemaError, SchemaChangeRefused, TransformRefused) as exc:
+            # Quarantined, not a failed run: every later run would fail on the same record.
+            reason = (f"writer schema {ahead.schema_id} cannot be stored in the table: "
+                      f"{exc.evidence['problem'] if isinstance(exc, SchemaChangeRefused) else exc}")
+            log.warning("%s: %s/%d offset %d: %s; its records are quarantined", self.where, ahead.topic,
+                        ahead.partition, ahead.offset, reason)
+            self.records = refuse(self.records, ahead.role, ahead.schema_id, reason)
+
+    def _take(self, records: RecordSpec) -> None:
+        """Decodes records by ``records`` from now on, the table made ready for what they become;
+        raises (leaving the run's records and table schema as they were) when it cannot be."""
         from .evolution import arrow_schema
-        from .recordformat import registries, resolve
         from .source import RECORDS_NAME
         from .tables import ensure_tables
 
         pipeline = self.pipeline
-        self.records = resolve(pipeline, list(self.plan.topics), ahead)
-        self.registries = registries(pipeline)
-        schema = self.records.schema(*self.registries)
+        schema = records.schema(*self.registries)
         if pipeline.shapes_in_spark:
-            probe = self._spec({}, schema)
+            probe = replace(self._spec({}, schema), records=records)
             shaped = self._shape(self.spark.read.format(RECORDS_NAME).options(**_probe_options(probe)).load())
             schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)
         try:
@@ -123,6 +148,7 @@ class _Run:
         except SchemaError as exc:
             raise TransformRefused(f"{self.where}: sink.partition_by: {exc}") from None
         self.table_schema = ensure_tables(pipeline, schema)
+        self.records = records
 
     def _shape(self, records):
         from .transform import shape
@@ -146,13 +172,26 @@ class _Run:
 
     def ingest(self, batch: Batch) -> BatchReport:
         report = BatchReport(batch.seq, _ranges(batch))
+        followed: AheadRecord | None = None  # the record the reader last changed for
         while True:
             positions = self.main.positions(batch.expected_positions)
             left = batch.remaining(positions, self.where)
             if not left:
                 return report
             quarantine_before = self.quarantine.positions(left)
-            self._ingest_part(batch, positions, left, quarantine_before, report)
+            ahead = self._ingest_part(batch, positions, left, quarantine_before, report)
+            if ahead is not None:
+                # A changed reader is progress (the part goes round with it), unless the record it
+                # changed for stops the part again: then it would go round forever.
+                if ahead == followed:
+                    raise ReaderBehind(
+                        f"{self.where}: topic {ahead.topic} partition {ahead.partition} offset {ahead.offset}: the "
+                        f"record's {ahead.role} writer schema {ahead.schema_id} is still ahead of the reader the run "
+                        f"changed for it; nothing from that offset on was read", topic=ahead.topic,
+                        partition=ahead.partition, offset=ahead.offset, role=ahead.role, schema_id=ahead.schema_id)
+                self.prepare(ahead)
+                followed = ahead
+                continue
             # A part that lost a race moves the other run's positions; one that moves nothing at all
             # would go round forever.
             if (self.main.positions(batch.expected_positions) == positions
@@ -161,8 +200,9 @@ class _Run:
                                      positions=by_text(positions))
 
     def _ingest_part(self, batch: Batch, positions, left: dict[KafkaPartition, OffsetRange],
-                     quarantine_positions, report: BatchReport) -> None:
-        """Reads what is left of the batch (up to the byte budgets) and commits what was read."""
+                     quarantine_positions, report: BatchReport) -> AheadRecord | None:
+        """Reads what is left of the batch (up to the byte budgets) and commits what was read; returns
+        the record a range stopped at because its writer schema is ahead of the reader, if any."""
         pipeline, plan = self.pipeline, self.plan
         # The quarantine table keeps only rows at or after its own position (heals a crash
         # between the quarantine commit and the main commit).
@@ -202,13 +242,16 @@ class _Run:
             if pipeline.commit_consumer_group:
                 held = self.main.positions(part.partitions)
                 mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
-        if outcome.schema_ahead is not None:
-            log.info("%s: a record's %s was written with a schema newer than the table's (schema ID %s): the table "
-                     "follows it before the batch goes on", self.where, *outcome.schema_ahead.split(":"))
-            self.prepare(outcome.schema_ahead)
         self.progress.advance(batch.seq, sum(e - s for s, e in outcome.read.values()),
                               outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,
                               outcome.bytes_read if ours else 0)
+        if outcome.schema_ahead is None:
+            return None
+        ahead = AheadRecord.parse(outcome.schema_ahead)
+        log.info("%s: topic %s partition %d offset %d: the record's %s writer schema %d has what the reader lacks: "
+                 "the reader follows it, or the writer is refused, before the batch goes on", self.where, ahead.topic,
+                 ahead.partition, ahead.offset, ahead.role, ahead.schema_id)
+        return ahead
 
     def _learn_sizes(self, results: list[RangeResult]) -> None:
         for result in results:

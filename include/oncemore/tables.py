@@ -8,6 +8,11 @@ first data commit that needs it (delta-rs 1.6.6's append commit cannot carry one
 ``create_write_transaction`` ignores a new schema): a crash between them leaves a table with a new
 nullable column and no rows using it yet, which is what the data commit would show for the rows
 before it.
+
+A TIMESTAMP_NTZ column needs the ``timestampNtz`` table feature, which delta-rs 1.6.6 enables by
+itself only where it sees one: not inside a MAP, which it then refuses to create or add. Columns
+with one there are added after the table's creation (so they come after the others), once the
+feature is enabled.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import logging
 from typing import Iterable, Mapping
 
 import pyarrow as pa
-from deltalake import DeltaTable, Schema
-from pyspark.sql.types import StructType
+from deltalake import DeltaTable, Schema, TableFeatures
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, TimestampNTZType
 
 from .config import Pipeline
 from .errors import InvalidDataFile, UnsupportedTable
@@ -48,16 +53,21 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
     options = dict(storage_options) if storage_options else None
     table = open_table(location, options)
     if table is None:
+        columns = spark_schema(schema).fields
+        unseen = [f.name for f in columns if _holds_timestamp_ntz(f.dataType, only_in_maps=True)]
         try:
             table = DeltaTable.create(
-                location, schema, mode="error", partition_by=list(partition_by) or None, name=name,
-                description=description, storage_options=options,
+                location, pa.schema([f for f in schema if f.name not in unseen]), mode="error",
+                partition_by=list(partition_by) or None, name=name, description=description, storage_options=options,
             )
         except Exception:
             # Another run created it first (version 0 exists): use theirs.
             table = open_table(location, options)
             if table is None:
                 raise
+        else:
+            if unseen:
+                _add_columns(table, [f for f in columns if f.name in unseen])
     check_writable(table, table_uri)
     if list(table.metadata().partition_columns) != list(partition_by):
         raise InvalidDataFile(
@@ -71,7 +81,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             return arrow_schema(merged)
         changed = {f.name for f in merged.fields} - {f.name for f in current.fields if f in merged.fields}
         try:
-            table.alter.add_columns([f for f in Schema.from_json(merged.json()).fields if f.name in changed])
+            _add_columns(table, [f for f in merged.fields if f.name in changed])
             log.info("table %s: added %s", table_uri, ", ".join(added))
             return arrow_schema(merged)
         except Exception:
@@ -79,6 +89,28 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
                 raise
             table = open_table(location, options)
     raise AssertionError("unreachable")
+
+
+def _add_columns(table: DeltaTable, fields: list[StructField]) -> None:
+    """Adds ``fields`` to the table, enabling the timestampNtz feature first when one holds a
+    TIMESTAMP_NTZ the table's protocol lacks (module docstring)."""
+    if ("timestampNtz" not in (table.protocol().writer_features or ())
+            and any(_holds_timestamp_ntz(f.dataType) for f in fields)):
+        table.alter.add_feature(TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True)
+    table.alter.add_columns(Schema.from_json(StructType(fields).json()).fields)
+
+
+def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map: bool = False) -> bool:
+    """Whether ``data_type`` holds a TIMESTAMP_NTZ at any depth (``only_in_maps``: inside a map)."""
+    if isinstance(data_type, TimestampNTZType):
+        return in_map or not only_in_maps
+    if isinstance(data_type, StructType):
+        return any(_holds_timestamp_ntz(f.dataType, only_in_maps, in_map) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _holds_timestamp_ntz(data_type.elementType, only_in_maps, in_map)
+    if isinstance(data_type, MapType):
+        return any(_holds_timestamp_ntz(t, only_in_maps, True) for t in (data_type.keyType, data_type.valueType))
+    return False
 
 
 def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:

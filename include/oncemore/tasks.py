@@ -9,8 +9,9 @@ Two ways, one decoder and one file writer:
   staging.py) lists those; the sink's tasks write the main table's files (sink.py).
 Either way the quarantine table keeps only rows at or after its own position (``quarantine_floors``:
 what an earlier crash between a batch's two commits already committed is not written again), a
-range may stop early at its byte budget or at the first record written with a schema the table
-does not have yet (``reached``; the rest follows in the next commit), and ``records``/``quarantined``
+range may stop early at its byte budget or at the first record whose key or value was written
+with a schema ahead of the reader (``reached``, ``schema_ahead``; the rest follows in the next
+commit, once the run followed that schema), and ``records``/``quarantined``
 count every record read, so the driver knows how many a transform filtered.
 """
 
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .coordinates import KafkaPartition
-from .decode import RecordDecoder, quarantine_rows
+from .decode import Decoded, RecordDecoder, quarantine_rows
 from .formats import SchemaAhead
 from .recordformat import RecordSpec
 from .records import RangeRecords
@@ -33,11 +34,36 @@ from .writer import DataFile, TableWriter, conform, empty_partition_values
 
 
 @dataclass(frozen=True)
+class AheadRecord:
+    """The record a range stopped at because its key's or value's writer schema has what the reader
+    lacks (SchemaAhead): where it is and that writer schema. Travels to the driver as text
+    (``value:7@orders/0:15``) in RangeResult.schema_ahead and the part's outcome."""
+
+    role: str  # "value" or "key"
+    schema_id: int
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.schema_id}@{self.topic}/{self.partition}:{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> "AheadRecord":
+        writer, _, coordinates = text.partition("@")
+        role, _, schema_id = writer.partition(":")
+        at, _, offset = coordinates.rpartition(":")
+        topic, _, partition = at.rpartition("/")
+        return cls(role, int(schema_id), topic, int(partition), int(offset))
+
+
+@dataclass(frozen=True)
 class RangeResult:
     """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget or
-    a newer writer schema may stop it early: ``schema_ahead`` names that schema's ID), holding
-    ``records`` data records (transaction markers and aborted records hold offsets but no record),
-    ``quarantined`` of which could not be stored; ``files`` hold what this task wrote of them."""
+    a writer schema ahead of the reader may stop it early: ``schema_ahead`` says where, an
+    AheadRecord as text), holding ``records`` data records (transaction markers and aborted records
+    hold offsets but no record), ``quarantined`` of which could not be stored; ``files`` hold what
+    this task wrote of them."""
 
     topic: str
     partition: int
@@ -48,7 +74,7 @@ class RangeResult:
     records: int
     quarantined: int
     files: tuple[DataFile, ...]
-    schema_ahead: str | None = None  # "value:<schema ID>" or "key:<schema ID>"
+    schema_ahead: str | None = None  # str(AheadRecord)
 
     @property
     def key(self) -> KafkaPartition:
@@ -131,17 +157,27 @@ class _RangeDecoding:
 
     def rows(self) -> Iterator[pa.Table]:
         for batch in self.records:
-            try:
-                decoded = self.decoder.decode(batch)
-            except SchemaAhead as ahead:
-                # Stop before the record whose writer schema the table does not have yet.
-                self.records.stop_at(batch.column("offset")[ahead.index].as_py())
-                self.schema_ahead = f"{ahead.role}:{ahead.schema_id}"
-                batch = batch.slice(0, ahead.index)
-                decoded = self.decoder.decode(batch)
-                yield from self._accounted(batch, decoded)
+            kept, decoded, ahead = self._decoded_before_ahead(batch)
+            if ahead is not None:
+                # Stop before the record whose writer schema the reader lacks: the run follows it.
+                offset = batch.column("offset")[ahead.index].as_py()
+                self.records.stop_at(offset)
+                self.schema_ahead = str(AheadRecord(ahead.role, ahead.schema_id, self.records.topic,
+                                                    self.records.partition, offset))
+            yield from self._accounted(kept, decoded)
+            if ahead is not None:
                 return
-            yield from self._accounted(batch, decoded)
+
+    def _decoded_before_ahead(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, Decoded, SchemaAhead | None]:
+        """The batch up to its first record whose writer schema is ahead of the reader (all of it
+        when none is), decoded, and that record's SchemaAhead. Cut until the part before decodes,
+        so a record ahead in its key behind one ahead in its value cannot escape the range."""
+        ahead = None
+        while True:
+            try:
+                return batch, self.decoder.decode(batch), ahead
+            except SchemaAhead as found:
+                ahead, batch = found, batch.slice(0, found.index)
 
     def _accounted(self, batch: pa.RecordBatch, decoded) -> Iterator[pa.Table]:
         good, bad = decoded.good, decoded.bad
