@@ -151,6 +151,18 @@ def test_a_row_failing_an_expectation_is_quarantined_even_holding_a_time_python_
     assert sorted(row["far"] for row in held if row["id"] >= 4) == [i * 100000000000000000 for i in range(4, 12)]
 
 
+def test_a_partition_date_past_year_9999_is_quarantined_with_the_reason(broker, topic, make_pipeline, spark):
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 9)))
+    pipeline = make_pipeline(topic, transform="SELECT *, date_add(DATE '9999-12-30', CAST(id AS INT)) AS day FROM records",
+                             sink={"partition_by": ["day"]})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    assert_exactly_once(accounted(pipeline), produced)
+    assert query(pipeline.sink.table_uri, "SELECT id, day FROM {table} ORDER BY id") == [
+        (0, datetime.date(9999, 12, 30)), (1, datetime.date(9999, 12, 31))]
+    errors = query(pipeline.sink.quarantine_uri, "SELECT error FROM {table} WHERE error LIKE '%years 1-9999%'")
+    assert len(errors) == 7 and "column 'day' partitions the table and holds a date outside years 1-9999" in errors[0][0]
+
+
 def test_a_failing_cast_under_ansi_fails_the_run_naming_the_ranges_and_the_error(broker, topic, make_pipeline, spark):
     broker.produce(topic, orders(0, 30) + [(1, None, json.dumps({"id": 99, "customer": "x", "amount": 1.0}).encode(), None)])
     pipeline = make_pipeline(topic, transform="SELECT *, CAST(customer AS INT) AS n FROM records WHERE id = 99")

@@ -35,7 +35,7 @@ from .schema import METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE
 from .staging import Staging
 from .tasks import RangeResult
 from .transform import VERDICT_PREFIX
-from .writer import DataFile, TableWriter, conform, empty_partition_values
+from .writer import DataFile, TableWriter, conform, unstorable_partition_values
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"
@@ -89,7 +89,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             rows = pa.Table.from_batches([batch])
             errors = self._failed_expectations(rows, verdicts, violations)
             rows = rows.drop_columns(verdicts)
-            for i, message in empty_partition_values(rows, self.part.partition_by).items():
+            for i, message in unstorable_partition_values(rows, self.part.partition_by).items():
                 errors.setdefault(i, message)
             if errors:
                 failing = sorted(errors)

@@ -22,7 +22,7 @@ _EPOCH = datetime(1970, 1, 1)
 # Microseconds from the epoch to 0001-01-01T00:00:00 and to the last millisecond of 9999.
 _MIN_MICROS = -62_135_596_800_000_000
 _MAX_MICROS = 253_402_300_799_999_000
-_MIN_DAYS, _MAX_DAYS = -719_162, 2_932_896
+FIRST_DAY, LAST_DAY = -719_162, 2_932_896  # 0001-01-01 and 9999-12-31, in days from the epoch
 
 
 class FileStats:
@@ -138,7 +138,7 @@ def _text(value, kind: pa.DataType, side: str):
                 f"{moment.second:02d}.{moment.microsecond // 1000:03d}")
         return text + "Z" if kind.tz else text
     if pa.types.is_date32(kind):
-        if not _MIN_DAYS <= value <= _MAX_DAYS:
+        if not FIRST_DAY <= value <= LAST_DAY:
             return _NO_BOUND
         day = _EPOCH + timedelta(days=value)
         return f"{day.year:04d}-{day.month:02d}-{day.day:02d}"

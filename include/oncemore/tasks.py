@@ -30,7 +30,7 @@ from .formats import SchemaAhead
 from .recordformat import RecordSpec
 from .records import RangeRecords
 from .schema import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
-from .writer import DataFile, TableWriter, conform, empty_partition_values
+from .writer import DataFile, TableWriter, conform, unstorable_partition_values
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class _RangeDecoding:
     def _accounted(self, batch: pa.RecordBatch, decoded) -> Iterator[pa.Table]:
         good, bad = decoded.good, decoded.bad
         if self.check_partitions and good.num_rows:
-            unstorable = empty_partition_values(good, self.spec.partition_by)
+            unstorable = unstorable_partition_values(good, self.spec.partition_by)
             if unstorable:
                 rows = sorted(unstorable)
                 offsets = set(good.column(OFFSET_COLUMN).take(rows).to_pylist())

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .schema import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
-from .stats import FileStats
+from .stats import FIRST_DAY, LAST_DAY, FileStats
 from .storage import filesystem
 
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
@@ -63,15 +63,23 @@ def kafka_offsets(rows: pa.Table) -> dict[str, tuple[int, int, int]]:
                                                         g[f"{OFFSET_COLUMN}_count"]) for g in grouped.to_pylist()}
 
 
-def empty_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
-    """By row, why a row cannot be stored: an empty string in a partition column (Delta reads an
-    empty partition value as NULL, protocol: Partition Value Serialization)."""
+def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
+    """By row, why a row's partition value cannot be stored: an empty string (Delta reads an empty
+    partition value as NULL, protocol: Partition Value Serialization), or a date outside years
+    1-9999 (Spark's dates reach further; a partition value's text cannot say it)."""
     problems: dict[int, str] = {}
     for column in partition_by:
-        if pa.types.is_string(rows.schema.field(column).type):
-            for row in pc.indices_nonzero(pc.fill_null(pc.equal(rows.column(column), ""), False)).to_pylist():
+        kind, values = rows.schema.field(column).type, rows.column(column)
+        if pa.types.is_string(kind):
+            for row in pc.indices_nonzero(pc.fill_null(pc.equal(values, ""), False)).to_pylist():
                 problems.setdefault(row, f"column {column!r} partitions the table and Delta reads an empty "
                                          "partition value as NULL: the row would not read back as sent")
+        elif pa.types.is_date32(kind):
+            days = values.cast(pa.int32())
+            outside = pc.or_(pc.less(days, FIRST_DAY), pc.greater(days, LAST_DAY))
+            for row in pc.indices_nonzero(pc.fill_null(outside, False)).to_pylist():
+                problems.setdefault(row, f"column {column!r} partitions the table and holds a date outside years "
+                                         f"1-9999 ({days[row].as_py()} days from 1970-01-01)")
     return problems
 
 
