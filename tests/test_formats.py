@@ -318,3 +318,13 @@ def test_json_schema_framed_values_keys_as_structs_and_headers_in_order(broker, 
         ("eu", 5, 5, "t5", ["trace=t1", "hop=a", "hop=b"])]
     (error,) = [e for (e,) in query(pipeline.sink.quarantine_uri, "SELECT error FROM {table}")]
     assert error.startswith("key: ") and "shard" in error
+
+
+def test_registry_settings_go_only_to_formats_that_read_schemas_from_a_registry(topic, make_pipeline, registry):
+    from oncemore.recordformat import registries
+
+    secured = {**registry.settings(), "basic.auth.user.info": "svc:secret"}
+    avro_value = {"type": "avro", "schema_registry": secured}
+    assert registries(make_pipeline(topic, format=avro_value)) == (secured, None)
+    assert registries(make_pipeline(topic, format=avro_value, key={"type": "string"})) == (secured, None)
+    assert registries(make_pipeline(topic, format=avro_value, key=avro_value)) == (secured, secured)

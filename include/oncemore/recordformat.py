@@ -116,9 +116,10 @@ class RecordSpec:
 
 
 def registries(pipeline: Pipeline) -> tuple[dict[str, str] | None, dict[str, str] | None]:
-    """The registry settings of the value and of the key (a key without its own uses the value's)."""
+    """The registry settings of the value and of the key, each its format's own (none where the
+    format has none: settings hold secrets, and go nowhere they are not used)."""
     value = pipeline.format.schema_registry
-    key = pipeline.key.schema_registry if pipeline.key is not None and pipeline.key.schema_registry else value
+    key = pipeline.key.schema_registry if pipeline.key is not None else None
     return (dict(value) if value else None), (dict(key) if key else None)
 
 
