@@ -103,7 +103,7 @@ class PartOutcome:
     read: Mapping[KafkaPartition, tuple[int, int]]
     records: Mapping[str, int]  # written, quarantined, filtered
     bytes_read: int
-    schema_ahead: str | None  # a record's writer schema the table does not have yet ("value:<ID>")
+    schema_ahead: str | None  # the record whose writer schema the reader lacks (tasks.AheadRecord as text)
 
     def to_json(self) -> str:
         data = asdict(self)
