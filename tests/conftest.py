@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import duckdb_extension_delta
 import pytest
 import yaml
@@ -217,21 +218,24 @@ def run_with_fault(pipeline: Pipeline, fault: str) -> subprocess.CompletedProces
 
 @pytest.fixture
 def crash_before_main_commit(monkeypatch):
-    """``crash_before_main_commit(pipeline)`` makes its runs die (SystemExit) right after a part's
-    quarantine commit, before its main commit; ``monkeypatch.undo()`` ends it."""
-    from oncemore import partcommit
+    """``crash_before_main_commit(pipeline, spark)`` runs the pipeline, which dies (SystemExit)
+    right after a part's quarantine commit, before its main commit."""
+    from oncemore import partcommit, runner
 
     real_commit = partcommit.commit
 
-    def install(pipeline: Pipeline) -> None:
+    def run(pipeline: Pipeline, spark) -> None:
         def crash_on_main(ledger, *args, **kwargs):
             if ledger.table_uri == pipeline.sink.table_uri:
                 raise SystemExit("injected crash after the quarantine commit")
             return real_commit(ledger, *args, **kwargs)
 
         monkeypatch.setattr(partcommit, "commit", crash_on_main)
+        with pytest.raises(SystemExit):
+            runner.run(pipeline, spark_factory=lambda: spark)
+        monkeypatch.undo()
 
-    return install
+    return run
 
 
 @pytest.fixture(scope="session")
@@ -242,6 +246,29 @@ def registry():
     local = start_registry()
     yield local
     local.stop()
+
+
+def decode_in_child(settings: dict, kind: str, reader: tuple[str, int | str], values: list[bytes | None]):
+    """Runs in a spawned process: decodes ``values`` of ``kind`` (avro, or protobuf's first
+    message) into the registry's (subject, version), with nothing inherited, as a Spark worker."""
+    from oncemore.decode_avro import AvroDecoder
+    from oncemore.decode_protobuf import ProtobufDecoder
+    from oncemore.formats import SchemaAhead
+    from oncemore.registry import Registry, RegistryError
+
+    registry = Registry(settings)
+    subject, version = reader
+    fmt = "serialized" if kind == "protobuf" else None
+    try:
+        found = registry.latest(subject, fmt=fmt) if version == "latest" else registry.version(subject, version, fmt=fmt)
+        decoder = (AvroDecoder(registry, found.schema) if kind == "avro"
+                   else ProtobufDecoder(registry, found.schema, "shop.Order"))
+        decoded = decoder.decode(pa.array(values, pa.binary()))
+    except SchemaAhead as ahead:  # its constructor's arguments are not its args: it does not pickle
+        return "ahead", ahead.index, ahead.schema_id, str(ahead)
+    except RegistryError as exc:
+        return "registry", str(exc)
+    return "decoded", decoded.table, decoded.errors
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from conftest import duckdb_connection
+from conftest import decode_in_child, duckdb_connection
 from oncemore.avro_merge import merge_schemas
 from oncemore.avro_schema import AvroSchema, compare_schemas
 from oncemore.decode_avro import AvroDecoder, avro_to_arrow
@@ -86,22 +86,8 @@ def expected_row(i: int) -> dict:
 
 @pytest.fixture
 def elsewhere(spawned):
-    """Decodes in another Python process (spawned: nothing inherited), as decode_in_child does."""
-    return lambda settings, reader, values: spawned(decode_in_child, settings, reader, values)
-
-
-def decode_in_child(settings: dict, reader: tuple[str, int | str], values: list[bytes | None]):
-    """Runs in the spawned process: the reader schema is the registry's (subject, version)."""
-    registry = Registry(settings)
-    subject, version = reader
-    try:
-        found = registry.latest(subject) if version == "latest" else registry.version(subject, version)
-        decoded = AvroDecoder(registry, found.schema).decode(pa.array(values, pa.binary()))
-    except SchemaAhead as ahead:  # its constructor's arguments are not its args: it does not pickle
-        return "ahead", ahead.index, ahead.schema_id, str(ahead)
-    except RegistryError as exc:
-        return "registry", str(exc)
-    return "decoded", decoded.table, decoded.errors
+    """Decodes in another Python process (spawned: nothing inherited), as a Spark worker does."""
+    return lambda settings, reader, values: spawned(decode_in_child, settings, "avro", reader, values)
 
 
 def serializer(registry, subject_schema: dict) -> AvroSerializer:

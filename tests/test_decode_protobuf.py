@@ -18,10 +18,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, ti
 from google.protobuf.descriptor_pb2 import FieldDescriptorProto as Field
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from conftest import duckdb_connection
+from conftest import decode_in_child, duckdb_connection
 from oncemore.decode_protobuf import ProtobufDecoder, protobuf_to_arrow
-from oncemore.formats import SchemaAhead
-from oncemore.registry import Registry, RegistryError
+from oncemore.registry import Registry
 from oncemore.schema import SchemaError
 
 UTC = datetime.timezone.utc
@@ -132,23 +131,8 @@ def expected_row(i: int) -> dict:
 
 @pytest.fixture
 def elsewhere(spawned):
-    """Decodes in another Python process (spawned: nothing inherited), as decode_in_child does."""
-    return lambda settings, reader, values: spawned(decode_in_child, settings, reader, values)
-
-
-def decode_in_child(settings: dict, reader: tuple[str, int | str], values: list[bytes | None]):
-    """Runs in the spawned process: the reader is the registry's (subject, version), first message."""
-    registry = Registry(settings)
-    subject, version = reader
-    try:
-        found = (registry.latest(subject, fmt="serialized") if version == "latest"
-                 else registry.version(subject, version, fmt="serialized"))
-        decoded = ProtobufDecoder(registry, found.schema, "shop.Order").decode(pa.array(values, pa.binary()))
-    except SchemaAhead as ahead:  # its constructor's arguments are not its args: it does not pickle
-        return "ahead", ahead.index, ahead.schema_id, str(ahead)
-    except RegistryError as exc:
-        return "registry", str(exc)
-    return "decoded", decoded.table, decoded.errors
+    """Decodes in another Python process (spawned: nothing inherited), as a Spark worker does."""
+    return lambda settings, reader, values: spawned(decode_in_child, settings, "protobuf", reader, values)
 
 
 def produce(registry, topic: str, messages: list) -> list[bytes | None]:

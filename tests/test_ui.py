@@ -220,7 +220,7 @@ def test_the_pipeline_page_plots_the_history_and_samples_the_quarantine(clicks, 
     assert int(lag_points.last.get_attribute("data-value")) == sum(commits[-1].lag().values())
     samples = frame.locator("table.quarantine tr[data-offset]")
     assert samples.count() == min(len(quarantined), 10)
-    assert "invalid JSON" in samples.first.inner_text() and "{not json" in samples.first.inner_text()
+    assert "closing a JSON object" in samples.first.inner_text() and "{not json" in samples.first.inner_text()
     offsets = {o for _, o in quarantined}
     assert all(int(o) in offsets for o in samples.evaluate_all("rows => rows.map(r => r.dataset.offset)"))
     page.set_viewport_size({"width": 1400, "height": 1500})
