@@ -256,9 +256,9 @@ def test_basic_auth_settings_pass_through_and_the_secret_never_shows(elsewhere):
 
 
 def test_decoders_pickle_for_spark_workers(registry):
-    produce(serializer(registry, V1), "pickled", [{"id": 1, "profile": {"name": "p"}}])
+    produce(serializer(registry, V1), "pickled-avro", [{"id": 1, "profile": {"name": "p"}}])
     settings = registry.settings()
-    decoder = AvroDecoder(Registry(settings), Registry(settings).latest("pickled-value").schema)
+    decoder = AvroDecoder(Registry(settings), Registry(settings).latest("pickled-avro-value").schema)
     copy = pickle.loads(pickle.dumps(decoder))
     assert copy.schema == decoder.schema and copy.registry.settings == settings
 

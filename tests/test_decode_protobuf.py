@@ -266,9 +266,9 @@ def test_records_that_cannot_be_decoded_are_errors_with_reasons(registry, elsewh
 def test_decoders_pickle_for_spark_workers(registry):
     import pickle
 
-    produce(registry, "pickled", [message_classes()["shop.Order"](id=1)])
+    produce(registry, "pickled-proto", [message_classes()["shop.Order"](id=1)])
     registry_client = Registry(registry.settings())
-    decoder = ProtobufDecoder(registry_client, registry_client.latest("pickled-value", fmt="serialized").schema)
+    decoder = ProtobufDecoder(registry_client, registry_client.latest("pickled-proto-value", fmt="serialized").schema)
     copy = pickle.loads(pickle.dumps(decoder))
     assert copy.schema == decoder.schema == protobuf_to_arrow(message_classes()["shop.Order"].DESCRIPTOR)
 

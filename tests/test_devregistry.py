@@ -101,7 +101,7 @@ def test_references_are_served_with_the_schema(client, registry):
 
 
 def test_the_client_side_caches_by_id_asks_latest_anew_and_pickles(client, registry):
-    subject = "evolving-value"
+    subject = "evolving-points-value"  # the session registry: a subject no other test uses
     client.register_schema(subject, Schema(POINT, "AVRO"))
     registry_client = Registry(registry.settings())
     first = registry_client.latest(subject)

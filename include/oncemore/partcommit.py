@@ -134,7 +134,9 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
     validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
     records = _accounted(part, kept, main_files, written, read)
-    if all(start == end for start, end in read.values()):  # cut before its first record (a newer writer schema)
+    if all(part.expected.get(p) == end for p, (_, end) in read.items()):
+        # Cut before its first record (a newer writer schema) with no position to record: a part
+        # that read nothing still commits when it moves a position (a start at latest, a gap).
         return PartOutcome("nothing_read", None, None, read, records, 0, schema_ahead)
     record = CommitRecord(
         pipeline=part.pipeline, run_id=part.run_id, batch_seq=part.batch_seq, until=part.until,
