@@ -102,6 +102,40 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server (oncemore.devconnect) for the session; a test may restart or kill it
+    and leaves it running."""
+    from oncemore.devconnect import start_connect_server
+
+    server = start_connect_server("local[2]", log_dir=str(tmp_path_factory.mktemp("connect")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def connect_session(connect_server):
+    """``connect_session()`` opens a session on the Connect server. PySpark marks a process that
+    opened one as Connect-only (SPARK_CONNECT_MODE_ENABLED, which also steers pyspark.sql.functions
+    and every later session builder); at the end the sessions are stopped and the mark removed, so
+    the other tests' classic session works again."""
+    from oncemore.spark import spark_session
+
+    opened = []
+
+    def open_session():
+        opened.append(spark_session(remote=connect_server.url))
+        return opened[-1]
+
+    yield open_session
+    for session in opened:
+        try:
+            session.stop()
+        except Exception:  # a session of a server the test killed
+            pass
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
 @pytest.fixture
 def topic(broker):
     """A fresh 3-partition topic per test."""

@@ -110,6 +110,25 @@ def test_rerun_of_an_interval_is_a_noop_that_skips_spark(airflow_db, broker, top
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
+def test_the_ingest_task_runs_on_a_spark_connect_connection_when_the_pipeline_names_one(
+        airflow_db, broker, topic, make_pipeline, connect_server, connect_session, monkeypatch):
+    # connect_session: the task opens its session in this process; the fixture ends Connect mode after.
+    produced = broker.produce(topic, orders(0, 600))
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEMORE_CONNECT", json.dumps(
+        {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}))
+    # The spark-submit connection points nowhere: only the Connect server can ingest.
+    monkeypatch.setenv("AIRFLOW_CONN_ONCEMORE_SPARK", '{"conn_type": "spark", "host": "spark://127.0.0.1:9"}')
+    pipeline = make_pipeline(topic, airflow=airflow_section(spark_connect_conn_id="oncemore_connect"))
+    dag = build_dag(pipeline)
+    assert type(dag.get_task("ingest")).__name__ == "OncemoreConnectIngestOperator"
+
+    run = dag.test(logical_date=T0 + HOUR, run_conf={"until": "latest"})
+
+    assert states(run) == {"plan": "success", "ingest": "success", "report": "success"}
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    assert held_positions(pipeline.sink.table_uri, pipeline.name, topic) == {0: 200, 1: 200, 2: 200}
+
+
 def test_manual_run_with_until_offsets_and_dry_run(airflow_db, broker, topic, make_pipeline):
     produced = broker.produce(topic, orders(0, 300))
     pipeline = make_pipeline(topic, airflow=airflow_section())

@@ -15,7 +15,7 @@ from conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
-ONCEMORE_SERVICES = ["spark-master", "spark-worker", "airflow-init", "airflow-apiserver", "airflow-scheduler",
+ONCEMORE_SERVICES = ["spark-master", "spark-worker", "spark-connect", "airflow-init", "airflow-apiserver", "airflow-scheduler",
                      "airflow-dag-processor"]
 
 
@@ -55,6 +55,20 @@ def test_spark_services_start_the_classes_the_local_cluster_starts():
     assert SERVICES["spark-worker"]["entrypoint"][2] == f"spark://spark-master:{master[master.index('--port') + 1]}"
     spark = yaml.safe_load(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_ONCEMORE_SPARK"])
     assert spark == {"conn_type": "spark", "host": "spark://spark-master:7077"}
+
+
+def test_the_spark_connect_service_starts_the_server_the_tests_start_with_the_same_redaction():
+    from oncemore.devconnect import SERVER_CLASS
+    from oncemore.redaction import SPARK_CONF_REGEX
+
+    entrypoint = SERVICES["spark-connect"]["entrypoint"]
+    assert entrypoint[:3] == ["spark-submit", "--class", SERVER_CLASS] and entrypoint[-1] == "spark-internal"
+    confs = dict(entrypoint[i + 1].split("=", 1) for i, arg in enumerate(entrypoint) if arg == "--conf")
+    assert confs["spark.redaction.regex"] == SPARK_CONF_REGEX
+    assert entrypoint[entrypoint.index("--master") + 1] == "spark://spark-master:7077"
+    connection = yaml.safe_load(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_ONCEMORE_CONNECT"])
+    assert connection == {"conn_type": "spark_connect", "host": "spark-connect",
+                          "port": int(confs["spark.connect.grpc.binding.port"])}
 
 
 def test_every_variable_the_pipelines_and_the_project_read_is_set():

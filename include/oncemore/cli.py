@@ -60,7 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="recorded in the commit metadata (default: generated)")
     run.add_argument("--plan-file", type=Path,
                      help="ingest the plan in this file (what `plan --json` prints) instead of planning")
-    run.add_argument("--master", help="Spark master (default: ONCEMORE_SPARK_MASTER or Spark's default)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master (default: SPARK_REMOTE's server, else ONCEMORE_SPARK_MASTER, "
+                                        "else Spark's default)")
+    where.add_argument("--remote", help="a Spark Connect server, sc://host:15002 (default: SPARK_REMOTE)")
     run.add_argument("--kafka-overrides-file", type=Path,
                      help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
@@ -117,7 +120,7 @@ def _run(pipeline: Pipeline, args) -> int:
     def spark():
         from .spark import spark_session
 
-        return spark_session(args.master)
+        return spark_session(args.master, args.remote)
 
     plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
     report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)

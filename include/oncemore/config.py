@@ -360,7 +360,11 @@ class AirflowSettings(_Model):
     retries: Annotated[StrictInt, Field(ge=0)] = 2
     retry_delay_minutes: Annotated[float, Field(gt=0)] = 5.0
     tags: tuple[StrictStr, ...] = ()
-    spark_conn_id: StrictStr = "oncemore_spark"
+    spark_conn_id: StrictStr = Field(default="oncemore_spark",
+                                     description="the Spark connection the ingest task's spark-submit uses")
+    spark_connect_conn_id: StrictStr | None = Field(
+        default=None, description="a spark_connect connection: the ingest task runs on that Spark Connect server "
+                                  "instead of spark-submit")
     kafka_conn_id: StrictStr | None = None
 
     @field_validator("start_date")

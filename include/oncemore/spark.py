@@ -15,28 +15,55 @@ from pathlib import Path
 from .redaction import SPARK_CONF_REGEX, spark_options_regex
 
 MASTER_ENV = "ONCEMORE_SPARK_MASTER"
+REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
+
+# Session settings every oncemore job relies on. librdkafka, registry and storage settings travel
+# as data source options (kafka.*, registry.*, storage.*): every one not known harmless is masked in
+# plans, logs and the UI (redaction.py). All are runtime SQL settings, so a Spark Connect session
+# sets them on a server that was started without them.
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.redaction.options.regex": spark_options_regex(),
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
+}
 
 
-def spark_session(master: str | None = None):
+def spark_session(master: str | None = None, remote: str | None = None):
+    """A session on ``remote`` (a Spark Connect URL) or on ``master``; with neither, on
+    $SPARK_REMOTE, else $ONCEMORE_SPARK_MASTER, else Spark's own default master."""
     from pyspark.sql import SparkSession
 
+    remote = remote or (None if master else os.environ.get(REMOTE_ENV))
+    if remote:
+        return connect_session(remote)
+    os.environ.pop(REMOTE_ENV, None)  # a master named over $SPARK_REMOTE: PySpark would follow the variable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("oncemore")
     master = master or os.environ.get(MASTER_ENV)
     if master:
         builder = builder.master(master)
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
     spark = (
-        builder.config("spark.sql.session.timeZone", "UTC")
-        # librdkafka and storage settings travel as data source options (kafka.*, storage.*): every
-        # one not known harmless is masked in plans, logs and the UI (redaction.py).
-        .config("spark.redaction.regex", SPARK_CONF_REGEX)
-        .config("spark.sql.redaction.options.regex", spark_options_regex())
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
+        builder.config("spark.redaction.regex", SPARK_CONF_REGEX)
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
         spark.sparkContext.addPyFile(package_zip())
+    register_sources(spark)
+    return spark
+
+
+def connect_session(remote: str):
+    """A new Spark Connect session on the server at ``remote``: the package reaches the server's
+    Python workers as this session's artifact, the sources are registered for this session only."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(remote).create()
+    for key, value in SESSION_CONF.items():
+        spark.conf.set(key, value)
+    spark.addArtifacts(package_zip(), pyfile=True)
     register_sources(spark)
     return spark
 
@@ -51,7 +78,8 @@ def register_sources(spark) -> None:
 
 @lru_cache(maxsize=1)
 def package_zip() -> str:
-    """The oncemore package as a zip for --py-files / addPyFile (executors must not rely on the driver's cwd)."""
+    """The oncemore package as a zip for --py-files / addPyFile / addArtifacts (executors must not
+    rely on the driver's cwd)."""
     package = Path(__file__).resolve().parent
     target = Path(tempfile.mkdtemp(prefix="oncemore-pkg-")) / "oncemore.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -13,7 +13,8 @@ from oncemore.config import ConfigError, Pipeline, load_all
 from oncemore.storage import table_location
 
 from oncemore_airflow.operators import (
-    OncemoreIngestOperator, OncemoreMaintainOperator, OncemorePlanOperator, OncemoreReportOperator,
+    OncemoreConnectIngestOperator, OncemoreIngestOperator, OncemoreMaintainOperator, OncemorePlanOperator,
+    OncemoreReportOperator,
 )
 
 UNTIL_PATTERN = r"^\s*(latest|\d{4}-\d{2}-\d{2}[T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?|\{.*\})\s*$"
@@ -68,8 +69,12 @@ def build_dag(pipeline: Pipeline) -> DAG:
         doc_md=_doc(pipeline),
     ) as dag:
         plan = OncemorePlanOperator(task_id="plan", **common)
-        ingest = OncemoreIngestOperator(task_id="ingest", conn_id=settings.spark_conn_id, name=f"oncemore-{pipeline.name}",
-                                        outlets=[table_asset(pipeline)], **common)
+        if settings.spark_connect_conn_id:
+            ingest = OncemoreConnectIngestOperator(task_id="ingest", spark_connect_conn_id=settings.spark_connect_conn_id,
+                                                   outlets=[table_asset(pipeline)], **common)
+        else:
+            ingest = OncemoreIngestOperator(task_id="ingest", conn_id=settings.spark_conn_id,
+                                            name=f"oncemore-{pipeline.name}", outlets=[table_asset(pipeline)], **common)
         report = OncemoreReportOperator(task_id="report", **common)
         plan >> ingest >> report
     return dag

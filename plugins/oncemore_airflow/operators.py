@@ -1,5 +1,5 @@
-"""Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit) >> report; and the
-maintenance DAG's maintain.
+"""Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit, or a session on a Spark
+Connect server) >> report; and the maintenance DAG's maintain.
 
 Thin: the work is the core package's; these only bind it to a run's context.
 """
@@ -20,7 +20,8 @@ from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import check_freshness, verify_run
-from oncemore.spark import package_zip
+from oncemore.runner import run
+from oncemore.spark import package_zip, spark_session
 
 from oncemore_airflow.hooks import OncemoreHook
 
@@ -90,6 +91,39 @@ class OncemoreIngestOperator(SparkSubmitOperator):
                 overrides_file.write_text(json.dumps(overrides))
                 self.application_args += ["--kafka-overrides-file", str(overrides_file)]
             return super().execute(context)
+
+
+class OncemoreConnectIngestOperator(BaseOperator):
+    """The plan task's plan run on a resident Spark: this task is the run's client (it checks the
+    plan, commits a part the sink does not commit on the server's driver, and logs the report);
+    the Spark Connect server named by ``spark_connect_conn_id`` (the Spark provider's
+    ``SparkConnectHook`` connection) reads, decodes and writes. No JVM starts here. The
+    connection's URL carries its token: it goes to PySpark's client only, never to a log or XCom."""
+
+    def __init__(self, *, config_path: str, spark_connect_conn_id: str, kafka_conn_id: str | None = None,
+                 plan_task_id: str = "plan", **kwargs):
+        super().__init__(**kwargs)
+        self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
+        self.spark_connect_conn_id = spark_connect_conn_id
+
+    def execute(self, context) -> None:
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
+        plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
+        url = SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
+        sessions = []  # at most one, opened only when the plan has work
+
+        def session():
+            sessions.append(spark_session(remote=url))
+            return sessions[-1]
+
+        try:
+            report = run(pipeline, run_id=context["run_id"], plan=plan, spark_factory=session)
+        finally:
+            for opened in sessions:
+                opened.stop()  # the server keeps running; this session's state and artifacts go
+        self.log.info("%s", report.summary())
 
 
 class OncemoreReportOperator(BaseOperator):

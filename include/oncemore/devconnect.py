@@ -1,0 +1,69 @@
+"""A local Spark Connect server from the pip-installed PySpark (its jars ship the server), for
+resident-Spark runs and the tests: started and stopped by whoever calls ``start_connect_server``.
+
+The server is a Spark driver of its own (``local[N]`` here): its Python workers import what each
+client session ships as an artifact (oncemore's package zip) and what is installed where they run
+(the same virtualenv here, through PYSPARK_PYTHON). Restarting it on the same port is what an
+operator does after a crash; clients reconnect with a new session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .devbroker import free_port, wait_listening
+from .devprocess import stop_process
+from .redaction import SPARK_CONF_REGEX
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+class ConnectServer:
+    def __init__(self, port: int, master: str, log_dir: str):
+        self.port, self.master, self.log_dir = port, master, log_dir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log_dir) / "connect-server.log"
+
+    def start(self, seconds: float = 120) -> "ConnectServer":
+        import pyspark
+
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        env.pop("SPARK_REMOTE", None)  # the server is a classic driver; a client variable would turn it into one
+        command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--class", SERVER_CLASS,
+                   "--master", self.master, "--conf", f"spark.connect.grpc.binding.port={self.port}",
+                   "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                   "--conf", f"spark.redaction.regex={SPARK_CONF_REGEX}", "--conf", "spark.ui.enabled=false",
+                   "spark-internal"]
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_listening(self.process, self.port, f"Spark Connect server (log: {self.log_path})", seconds)
+        return self
+
+    def kill(self) -> None:
+        """Dies at once (SIGKILL): a crashed server, as a client mid-run sees it."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process, grace_seconds=20)
+
+
+def start_connect_server(master: str = "local[2]", port: int | None = None,
+                         log_dir: str | None = None) -> ConnectServer:
+    """A Connect server on 127.0.0.1 (a free port unless ``port``), accepting sessions on return."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-connect-")
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    return ConnectServer(port or free_port(), master, log_dir).start()

@@ -1,0 +1,94 @@
+"""Runs on a resident Spark through Spark Connect (oncemore.devconnect's server from the pip
+PySpark): the records are read, decoded and written by the server's workers, the positions are
+re-checked right before the one Delta commit, and exactly-once is counted by (partition, offset)
+across a server restarted between runs and a server that dies mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oncemore import jobs, runner
+
+from conftest import assert_exactly_once, held_positions, orders, read_pairs
+
+pytestmark = pytest.mark.spark
+
+INCLUDE = str(Path(__file__).resolve().parents[1] / "include")
+
+
+def malformed_every(produced: list[tuple[int, bytes, bytes, None]], step: int):
+    return [(p, k, b"{not json" if i % step == 0 else v, h) for i, (p, k, v, h) in enumerate(produced)]
+
+
+def test_spark_remote_in_the_environment_runs_the_cli_on_the_server_exactly_once(
+        broker, topic, make_pipeline, connect_server):
+    produced = broker.produce(topic, malformed_every(orders(0, 3_000), 7))
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 1_200})
+    env = {**os.environ, "PYTHONPATH": INCLUDE, "SPARK_REMOTE": connect_server.url}
+    env.pop("ONCEMORE_SPARK_MASTER", None)
+
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "committed" in done.stdout
+    main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    assert len(quarantined) == len(range(0, 3_000, 7))
+    assert_exactly_once(main + quarantined, produced)
+
+
+def test_a_transform_commits_on_the_servers_driver_and_the_report_comes_back(broker, topic, make_pipeline,
+                                                                            connect_session):
+    produced = broker.produce(topic, malformed_every(orders(0, 900), 5))
+    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 3 <> 0")
+    session = connect_session()
+    report = runner.run(pipeline, spark_factory=lambda: session)
+
+    bad = {i for i in range(900) if i % 5 == 0}
+    filtered = {i for i in range(900) if i % 3 == 0 and i not in bad}
+    assert (report.written, report.quarantined) == (900 - len(bad) - len(filtered), len(bad))
+    order_id = {(p, o): p + 3 * o for p, o in produced}  # orders() puts order i at partition i % 3, in order
+    kept = [pair for pair in produced if order_id[pair] not in bad | filtered]
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), kept)
+    assert_exactly_once(read_pairs(pipeline.sink.quarantine_uri), [pair for pair in produced if order_id[pair] in bad])
+
+
+def test_a_server_restarted_between_runs_and_one_dying_mid_run_leave_every_rerun_exact(
+        broker, topic, make_pipeline, connect_server, connect_session, monkeypatch):
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 600})
+    produced = broker.produce(topic, orders(0, 1_200))
+    first = connect_session()
+    assert runner.run(pipeline, spark_factory=lambda: first).written == 1_200
+
+    connect_server.stop()
+    connect_server.start()  # an operator's restart: the old session is gone, a new run opens its own
+    produced += broker.produce(topic, orders(1_200, 1_800))
+    real_job, calls = jobs.ingest_job, []
+
+    def dies_before_the_second_batch(spark, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first batch committed; the server dies and comes back under the second
+            connect_server.kill()
+            connect_server.start()
+        return real_job(spark, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "ingest_job", dies_before_the_second_batch)
+    second = connect_session()
+    with pytest.raises(Exception) as failure:
+        runner.run(pipeline, spark_factory=lambda: second)
+    assert "orders" in str(failure.value) and topic in str(failure.value)
+    committed = read_pairs(pipeline.sink.table_uri)
+    assert 1_200 < len(committed) < 3_000  # the first batch of the run landed, the second did not
+    assert_exactly_once(committed, [pair for pair in produced if pair in set(committed)])
+
+    monkeypatch.undo()
+    rerun = connect_session()
+    runner.run(pipeline, spark_factory=lambda: rerun)
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    assert held_positions(pipeline.sink.table_uri, pipeline.name, topic) == {0: 1_000, 1: 1_000, 2: 1_000}
