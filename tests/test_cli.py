@@ -39,6 +39,9 @@ def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_p
     assert first.returncode == 0, first.stderr[-3000:]
     assert "committed 1 batch(es), 900 records written, 0 quarantined" in first.stdout
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    # Quiet by default: Spark's start-up output went to its log file, not between oncemore's lines.
+    for noise in ("Using incubator modules", "log4j", "NativeCodeLoader", "WARN Utils"):
+        assert noise not in first.stderr and noise not in first.stdout, noise
     # Not a terminal: progress is structured log lines on stderr.
     (progress,) = [json.loads(line[line.index("{"):]) for line in first.stderr.splitlines() if '"event": "progress"' in line]
     assert progress["offsets_done"] == progress["offsets_total"] == progress["records"] == 900

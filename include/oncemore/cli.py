@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from .config import (
@@ -64,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--master", help="Spark master (default: SPARK_REMOTE's server, else ONCEMORE_SPARK_MASTER, "
                                         "else Spark's default)")
     where.add_argument("--remote", help="a Spark Connect server, sc://host:15002 (default: SPARK_REMOTE)")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Spark's own output here (by default it goes to a file, named if the run fails)")
     run.add_argument("--kafka-overrides-file", type=Path,
                      help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
@@ -117,13 +121,37 @@ def _until(text: str) -> OffsetBound:
 def _run(pipeline: Pipeline, args) -> int:
     from .runner import run
 
+    # Spark's own output (JVM start-up warnings, its console log, Python warnings of its
+    # libraries) goes to a file unless --verbose: the terminal shows oncemore's lines.
+    spark_log = None if args.verbose else Path(tempfile.gettempdir(), "oncemore-logs", f"{pipeline.name}-{os.getpid()}.log")
+    if spark_log is not None:
+        spark_log.parent.mkdir(parents=True, exist_ok=True)
+        warnings_log = logging.getLogger("py.warnings")
+        warnings_log.addHandler(logging.FileHandler(spark_log))
+        warnings_log.propagate = False
+        logging.captureWarnings(True)
+
+    if args.remote and ";token=" in args.remote.lower():
+        raise ConfigError("<command line>", "--remote", "carries a token, which every user's process list shows: "
+                                                        "put the URL in SPARK_REMOTE instead")
+    sessions = []
+
     def spark():
         from .spark import spark_session
 
-        return spark_session(args.master, args.remote)
+        sessions.append(spark_session(args.master, args.remote, output=spark_log))
+        return sessions[-1]
 
     plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
-    report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
+    try:
+        report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
+    except Exception:
+        if spark_log is not None and spark_log.exists():
+            print(f"oncemore: Spark's output is in {spark_log}", file=sys.stderr)
+        raise
+    finally:
+        for session in sessions:  # on a Connect server, the session's artifacts and views go with it
+            session.stop()
     print(report.summary())
     return 0
 

@@ -35,6 +35,10 @@ class ConnectServer:
     def log_path(self) -> Path:
         return Path(self.log_dir) / "connect-server.log"
 
+    @property
+    def event_dir(self) -> Path:
+        return Path(self.log_dir) / "events"
+
     def start(self, seconds: float = 120) -> "ConnectServer":
         import pyspark
 
@@ -44,7 +48,11 @@ class ConnectServer:
                    "--master", self.master, "--conf", f"spark.connect.grpc.binding.port={self.port}",
                    "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
                    "--conf", f"spark.redaction.regex={SPARK_CONF_REGEX}", "--conf", "spark.ui.enabled=false",
+                   # What the server records of each session's statements, for a test to read back.
+                   "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir={self.event_dir}",
+                   "--conf", "spark.eventLog.compress=false",
                    "spark-internal"]
+        self.event_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log:
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_listening(self.process, self.port, f"Spark Connect server (log: {self.log_path})", seconds)

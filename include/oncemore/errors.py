@@ -61,6 +61,10 @@ class TaskFailed(OncemoreError):
     """A Spark task of a run failed (or its Python worker died); names the ranges it was reading."""
 
 
+class SparkConnectError(OncemoreError):
+    """No session on a Spark Connect server; names the server by host and port only (its URL may carry a token)."""
+
+
 class InvalidDataFile(OncemoreError):
     """A written file is not what the commit may reference (missing, wrong schema, offsets outside its range)."""
 

@@ -100,6 +100,14 @@ def spark_options_regex() -> str:
     return "(?i)" + "|".join(alternatives) + "|url"
 
 
+def spark_statement_regex() -> str:
+    """Java regex for ``spark.sql.redaction.string.regex`` on a Spark Connect session: the text of
+    a plan a Connect server shows in its UI and writes to its event log (the proto's text form,
+    ``key: "kafka.sasl.password" value: "..."``) masks the value of every kafka./storage./registry.
+    option, harmless ones too (the option regex does not reach that text)."""
+    return r'(?<=key: "(?:kafka|storage|(?:key\.)?registry)\.[^"\n]{1,200}"\s{1,40}value: ")(?:[^"\\]|\\.)*'
+
+
 # Spark's own settings and environment never carry oncemore's secrets (they travel as data source
 # options); this only widens Spark's default for whatever else a deployment puts there.
 SPARK_CONF_REGEX = r"(?i)secret|password|token|key|credential|auth|jaas|signature|session"

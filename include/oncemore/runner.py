@@ -19,6 +19,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable
 
 from . import kafka
@@ -107,6 +108,10 @@ class _Run:
         if self._spark is None:
             self._spark = self._spark_factory()
         return self._spark
+
+    @cached_property
+    def task_slots(self) -> int:
+        return slots(self.spark)  # asked once: on Spark Connect it is a call to the server
 
     def prepare(self, ahead: AheadRecord | None = None) -> None:
         """How records are decoded (the registry asked once), what a transform makes of them
@@ -223,7 +228,7 @@ class _Run:
         limits = (pipeline.limits.model_copy(update={"max_records_per_partition": 1 << 62})
                   if pipeline.shapes_in_spark else pipeline.limits)
         tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, limits, self.bytes_per_offset)
-        groups = group_tasks(tasks, slots(self.spark), pipeline.limits.max_records_per_partition) if tasks else []
+        groups = group_tasks(tasks, self.task_slots, pipeline.limits.max_records_per_partition) if tasks else []
         if pipeline.shapes_in_spark and tasks:
             outcome = shaped_job(self.spark, pipeline, spec, groups, budget, part, self._shape)
         else:

@@ -9,10 +9,13 @@ import os
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
-from .redaction import SPARK_CONF_REGEX, spark_options_regex
+from .errors import SparkConnectError
+from .redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
 
 MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
@@ -28,9 +31,11 @@ SESSION_CONF = {
 }
 
 
-def spark_session(master: str | None = None, remote: str | None = None):
+def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
     """A session on ``remote`` (a Spark Connect URL) or on ``master``; with neither, on
-    $SPARK_REMOTE, else $ONCEMORE_SPARK_MASTER, else Spark's own default master."""
+    $SPARK_REMOTE, else $ONCEMORE_SPARK_MASTER, else Spark's own default master. ``output``: a
+    file that takes everything the JVM this starts prints (its start-up warnings and Spark's
+    console log, its Python workers' too) instead of the terminal."""
     from pyspark.sql import SparkSession
 
     remote = remote or (None if master else os.environ.get(REMOTE_ENV))
@@ -44,15 +49,38 @@ def spark_session(master: str | None = None, remote: str | None = None):
         builder = builder.master(master)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
-    spark = (
-        builder.config("spark.redaction.regex", SPARK_CONF_REGEX)
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    builder = builder.config("spark.redaction.regex", SPARK_CONF_REGEX).config("spark.ui.showConsoleProgress", "false")
+    with output_to(output):
+        spark = builder.getOrCreate()
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
         spark.sparkContext.addPyFile(package_zip())
     register_sources(spark)
     return spark
+
+
+@contextmanager
+def output_to(path: Path | None) -> Iterator[None]:
+    """Within: this process's stdout and stderr descriptors write to ``path`` (appended), so a
+    process started here (the JVM) keeps writing there after; restored on the way out."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for descriptor in (*saved, target):
+            os.close(descriptor)
 
 
 def connect_session(remote: str):
@@ -60,8 +88,13 @@ def connect_session(remote: str):
     Python workers as this session's artifact, the sources are registered for this session only."""
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.remote(remote).create()
-    for key, value in SESSION_CONF.items():
+    try:
+        spark = SparkSession.builder.remote(remote).create()
+    except Exception as exc:  # PySpark's message quotes the URL, and a URL may carry a token
+        address = remote.split("/;", 1)[0]  # sc://host:port; the parameters after it may hold a token
+        raise SparkConnectError(f"no Spark Connect session on {address}: {type(exc).__name__}",
+                                server=address) from None
+    for key, value in {**SESSION_CONF, "spark.sql.redaction.string.regex": spark_statement_regex()}.items():
         spark.conf.set(key, value)
     spark.addArtifacts(package_zip(), pyfile=True)
     register_sources(spark)

@@ -11,10 +11,12 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
+from airflow.sdk.log import mask_secret
 
 from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
@@ -111,7 +113,12 @@ class OncemoreConnectIngestOperator(BaseOperator):
 
         pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
         plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
-        url = SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
+        hook = SparkConnectHook(self.spark_connect_conn_id)
+        token = hook.get_connection(self.spark_connect_conn_id).password
+        if token:  # masked as given and as the URL quotes it
+            mask_secret(token)
+            mask_secret(quote(token))
+        url = hook.get_connection_url()
         sessions = []  # at most one, opened only when the plan has work
 
         def session():

@@ -1,0 +1,104 @@
+"""What a small run costs end to end, through the CLI as a user runs it: a cold run on a fresh JVM
+(`local[*]`), the no-op rerun, the cost of each further batch of a run, and the same small run on
+a warm Spark Connect server (oncemore.devconnect) — the resident Spark of hourly pipelines.
+
+    scripts/benchmark fixed-cost [--records 100] [--batches 6] [--code DIR]
+
+``--code DIR`` runs the CLI of another checkout's ``include`` (e.g. an older commit, for a
+before/after table; its Connect figures are skipped when it has no ``--remote``). Figures, not
+verdicts: the issue's targets are printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from oncemore import devbroker
+from oncemore.devconnect import start_connect_server
+
+INCLUDE = Path(__file__).resolve().parents[1] / "include"
+
+
+def write_pipeline(directory: Path, name: str, broker, topic: str, per_commit: int) -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name,
+        "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic},
+        "sink": {"table_uri": str(directory / "delta" / name), "quarantine_uri": str(directory / "delta" / f"{name}_q")},
+        "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
+        "limits": {"max_records_per_commit": per_commit},
+    }))
+    return path
+
+
+def cli_run(code: Path, config: Path, *extra: str, env: dict | None = None) -> float:
+    """Seconds from process start to exit of `oncemore run`, as a user waits for it."""
+    environment = {**os.environ, "PYTHONPATH": str(code), "ONCEMORE_SPARK_MASTER": "local[*]", **(env or {})}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", str(config), *extra],
+                          env=environment, capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"oncemore run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def produce(broker, topic: str, start: int, count: int) -> None:
+    broker.produce(topic, [(i % 3, None, json.dumps({"id": i, "customer": f"c{i % 97}", "amount": i * 1.25}).encode(),
+                            None) for i in range(start, start + count)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--code", type=Path, default=INCLUDE, help="the include/ directory whose CLI runs")
+    args = parser.parse_args()
+    n, batches, code = args.records, args.batches, args.code.resolve()
+    work = Path(tempfile.mkdtemp(prefix="oncemore-fixed-"))
+    rows = []
+    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+        for topic in ("small", "batches", "remote"):
+            broker.create_topic(topic, 3)
+        produce(broker, "small", 0, n)
+        produce(broker, "batches", 0, n * batches)
+
+        cold = cli_run(code, write_pipeline(work, "small", broker, "small", n))
+        rows.append(("cold run, local[*], JVM start included", f"{n} records", cold, "<= 12 s"))
+        rows.append(("no-op rerun", "0 records", cli_run(code, work / "small.yaml"), "< 1 s"))
+        many = cli_run(code, write_pipeline(work, "batches", broker, "batches", n))
+        rows.append((f"cold run of {batches} batches", f"{n * batches} records", many, ""))
+        rows.append(("each further batch of a run", f"{n} records", (many - cold) / (batches - 1), "<= 2 s"))
+
+        has_remote = "--remote" in (code / "oncemore" / "cli.py").read_text()
+        if has_remote:
+            server = start_connect_server("local[2]")
+            try:
+                remote = {"SPARK_REMOTE": server.url}
+                produce(broker, "remote", 0, n)
+                warmup = cli_run(code, write_pipeline(work, "remote", broker, "remote", n), env=remote)
+                rows.append(("first run on a fresh Connect server", f"{n} records", warmup, ""))
+                produce(broker, "remote", n, n)
+                rows.append(("run on a warm Connect server", f"{n} records", cli_run(code, work / "remote.yaml", env=remote),
+                             "<= 3 s"))
+                rows.append(("no-op rerun, Connect configured", "0 records",
+                             cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
+            finally:
+                server.stop()
+    print(f"\nfixed cost per run ({code}), {os.cpu_count()} cores:")
+    print(f"  {'what':<44} {'size':>13} {'seconds':>8}  target")
+    for what, size, seconds, target in rows:
+        print(f"  {what:<44} {size:>13} {seconds:8.1f}  {target}")
+
+
+if __name__ == "__main__":
+    main()
