@@ -127,7 +127,7 @@ def _run(pipeline: Pipeline, args) -> int:
     if spark_log is not None:
         spark_log.parent.mkdir(parents=True, exist_ok=True)
         warnings_log = logging.getLogger("py.warnings")
-        warnings_log.addHandler(logging.FileHandler(spark_log))
+        warnings_log.addHandler(logging.FileHandler(spark_log, delay=True))  # no file for a run without warnings
         warnings_log.propagate = False
         logging.captureWarnings(True)
 

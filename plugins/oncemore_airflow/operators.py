@@ -22,7 +22,6 @@ from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import check_freshness, verify_run
-from oncemore.runner import run
 from oncemore.spark import package_zip, spark_session
 
 from oncemore_airflow.hooks import OncemoreHook
@@ -110,6 +109,8 @@ class OncemoreConnectIngestOperator(BaseOperator):
 
     def execute(self, context) -> None:
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        from oncemore.runner import run  # the run's whole client side: not for the DAG processor to import
 
         pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
         plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
