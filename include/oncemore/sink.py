@@ -138,8 +138,11 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                           pa.int64())
         return table.filter(pc.greater_equal(table.column(OFFSET_COLUMN), floors))
 
+    def _staging(self) -> Staging:
+        return Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
+
     def commit(self, messages: list[WrittenFiles | None]) -> None:
-        staging = Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
+        staging = self._staging()
         results = _one_per_range(RangeResult.from_json(t) for t in staging.get("range-"))
         written = Written(
             files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
@@ -157,7 +160,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         staging.put("outcome", outcome.to_json())
 
     def abort(self, messages: list[WrittenFiles | None]) -> None:
-        if Staging(self.part.quarantine_uri, self.part.staging_id, self.storage).get(COMMIT_BEGUN):
+        if self._staging().get(COMMIT_BEGUN):
             return  # a commit may have landed with these files; vacuum removes the ones none did
         files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
         for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):

@@ -46,15 +46,15 @@ class AheadRecord:
     offset: int
 
     def __str__(self) -> str:
-        return f"{self.role}:{self.schema_id}@{self.topic}/{self.partition}:{self.offset}"
+        return f"{self.role}:{self.schema_id}@{KafkaPartition(self.topic, self.partition)}:{self.offset}"
 
     @classmethod
     def parse(cls, text: str) -> "AheadRecord":
         writer, _, coordinates = text.partition("@")
         role, _, schema_id = writer.partition(":")
         at, _, offset = coordinates.rpartition(":")
-        topic, _, partition = at.rpartition("/")
-        return cls(role, int(schema_id), topic, int(partition), int(offset))
+        where = KafkaPartition.parse(at)
+        return cls(role, int(schema_id), where.topic, where.partition, int(offset))
 
 
 @dataclass(frozen=True)

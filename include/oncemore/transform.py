@@ -35,7 +35,8 @@ _ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "View", "Sort", "Repartitio
 # Why common others are refused.
 _REFUSED = {
     "LateralJoin": "joins (LATERAL)", "LogicalRDD": "reads an RDD's rows, not the records",
-    "LocalRelation": "reads rows of its own, not the records", "Aggregate": "aggregates", "Generate": "explodes records into rows (a generator)", "Join": "joins",
+    "LocalRelation": "reads rows of its own, not the records", "Aggregate": "aggregates",
+    "Generate": "explodes records into rows (a generator)", "Join": "joins",
     "Union": "unions", "Intersect": "intersects", "Except": "subtracts", "Distinct": "removes duplicates",
     "Deduplicate": "removes duplicates", "DeduplicateWithinWatermark": "removes duplicates",
     "GlobalLimit": "limits", "LocalLimit": "limits", "Offset": "skips rows (OFFSET)", "Tail": "limits",
