@@ -127,6 +127,39 @@ def test_our_commit_is_found_past_twenty_foreign_commits_and_its_files_kept(tmp_
     assert read_pairs(ledger.table_uri) == [(1, 0), (1, 1), (1, 2)]
 
 
+def test_our_commit_is_found_when_commits_land_between_the_snapshot_and_the_lookup(tmp_path, monkeypatch):
+    # Maintenance or another run committing while we look our commit up: delta-rs's history()
+    # labels the newest commits on storage from the snapshot's version, shifting every label.
+    ledger = race_table(tmp_path)
+    files = written(tmp_path / "t", [0, 1, 2])
+    real_commit, real_update = DeltaTable.create_write_transaction, DeltaTable.update_incremental
+    foreign, state = Ledger(ledger.table_uri, "other"), {"committed": False, "landing": False}
+
+    def committed(table, *args, **kwargs):
+        real_commit(table, *args, **kwargs)
+        state["committed"] = True
+
+    def then_foreign_commits(table):
+        real_update(table)
+        if state["committed"] and not state["landing"]:
+            state["landing"] = True  # once, and not for the foreign ledger's own updates
+            for n in range(3):
+                commit_positions(foreign, keyed("other-topic", {0: n + 1}), CommitRecord(pipeline="other", run_id=f"other-{n}"))
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", committed)
+    monkeypatch.setattr(DeltaTable, "update_incremental", then_foreign_commits)
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}})
+
+    outcome = commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
+
+    assert (outcome.status, outcome.version) == ("committed", 1)
+    assert DeltaTable(ledger.table_uri).version() == 4
+    # Every version the ledger reports holds the commit it names, snapshot behind storage or not.
+    stale = DeltaTable(ledger.table_uri, version=2)
+    assert [(e.version, e.record.run_id) for e in Ledger(ledger.table_uri, "p").recent_commits(10, stale)] == [
+        (2, "other-0"), (1, "ours")]
+
+
 def test_a_commit_that_landed_before_delta_rs_retried_it_is_ours_not_a_lost_race(tmp_path, monkeypatch):
     ledger = race_table(tmp_path)
     files = written(tmp_path / "t", [0, 1, 2])

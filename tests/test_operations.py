@@ -18,6 +18,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
+from oncemore import ledger
 from oncemore.config import VACUUM_RETENTION_FLOOR_HOURS, ConfigError, OffsetBound
 from oncemore.group_mirror import group_id, mirror_positions
 from oncemore.ledger import Ledger
@@ -188,23 +189,22 @@ def first_offsets(count: int) -> OffsetBound:
 
 
 class SnapshotReads:
-    """Counts snapshot loads of existing tables (constructions) and commit entries read from history."""
+    """Counts snapshot loads of existing tables (constructions) and commit files read."""
 
     def __init__(self, monkeypatch):
         self.loads = self.commits_read = 0
-        init, history = DeltaTable.__init__, DeltaTable.history
+        init, read_commit = DeltaTable.__init__, ledger._read_commit
 
         def counted_init(table, *args, **kwargs):
             init(table, *args, **kwargs)
             self.loads += 1
 
-        def counted_history(table, *args, **kwargs):
-            entries = history(table, *args, **kwargs)
-            self.commits_read += len(entries)
-            return entries
+        def counted_read(*args):
+            self.commits_read += 1
+            return read_commit(*args)
 
         monkeypatch.setattr(DeltaTable, "__init__", counted_init)
-        monkeypatch.setattr(DeltaTable, "history", counted_history)
+        monkeypatch.setattr(ledger, "_read_commit", counted_read)
 
 
 @pytest.mark.spark

@@ -11,7 +11,11 @@ Format (a contract; the CLI, Airflow's report task, the UI and other tools read 
   ``oncemore/@owner/<topic>``, the fingerprint of the pipeline that ingests the topic here;
 - the commit's commitInfo carries a CommitRecord (commitrecord.py).
 Positions and claims come from the snapshot's txn actions (kept by checkpoints), never from a
-history scan; reports read recent history, newest first and bounded.
+history scan; reports read recent history, newest first and bounded. History is read from the
+commit files themselves (``_delta_log/<version>.json``), version by version: delta-rs's
+``history()`` labels the newest commits *on storage* with versions counted down from the
+*snapshot's* version, so a commit landing meanwhile (maintenance, another run) shifts every label
+(delta-io/delta-rs#4488, still so in 1.6.6) and a commit is looked for under the wrong version.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
+import pyarrow.fs as pafs
 
 from .commitrecord import METADATA_KEY, CommitEntry, CommitRecord
 from .coordinates import KafkaPartition
+from .storage import filesystem
 
 # Commits read back when looking for this pipeline's newest commit (to name IDs in an error).
 RECENT_HISTORY = 100
@@ -89,9 +96,9 @@ class Ledger:
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
         self._txns: tuple[int, dict[str, int | None]] = (-1, {})  # the lookups of one snapshot version
-        # (version, timestamp, record) newest first: every commit in versions _covered = (low, high).
-        self._history: list[tuple[int, int, CommitRecord | None]] = []
-        self._covered: tuple[int, int] | None = None
+        # Commit files read, by version: (timestamp, record), or None where no file is left (log
+        # cleanup). A version's commit never changes, so what was read is never read again.
+        self._read: dict[int, tuple[int, CommitRecord | None] | None] = {}
 
     def snapshot(self) -> DeltaTable | None:
         """The table's latest snapshot (None: no table yet). The same object each call, updated."""
@@ -149,21 +156,24 @@ class Ledger:
         return actions
 
     def _commits(self, limit: int | None, table: DeltaTable) -> list[tuple[int, int, CommitRecord | None]]:
-        """The newest ``limit`` commits of ``table`` (None: all), newest first. Commits read
-        before are not read again: only the versions the cache does not cover are."""
+        """The newest ``limit`` commits of ``table`` (None: all), newest first, as (version,
+        timestamp, record). Only versions not read before are read."""
         newest = table.version()
-        low = 0 if limit is None else max(0, newest - limit + 1)
-        if self._covered is not None and self._covered[0] <= low and self._covered[1] >= low - 1:
-            if newest > self._covered[1]:
-                fresh = [(c["version"], c["timestamp"], _record(c)) for c in table.history(newest - self._covered[1])]
-                self._history = fresh + [e for e in self._history if e[0] <= self._covered[1]]
-            self._covered = (self._covered[0], max(newest, self._covered[1]))
+        fs, root = filesystem(self.table_uri, self.storage_options)
+        if limit is None:  # the whole log: the versions whose commit files are still there
+            listed = fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))
+            versions = sorted((int(i.base_name[:-5]) for i in listed
+                               if i.base_name.endswith(".json") and i.base_name[:-5].isdigit()), reverse=True)
+            versions = [v for v in versions if v <= newest]
         else:
-            self._history = [(c["version"], c["timestamp"], _record(c)) for c in table.history(newest - low + 1)]
-            self._covered = (low, newest)
-        self._history = [e for e in self._history if e[0] >= low]  # a long-lived ledger keeps one window
-        self._covered = (low, self._covered[1])
-        return [e for e in self._history if e[0] <= newest]
+            versions = list(range(newest, max(-1, newest - limit), -1))
+        unread = [v for v in versions if v not in self._read]
+        if unread:
+            with ThreadPoolExecutor(max_workers=min(16, len(unread))) as pool:
+                self._read.update(zip(unread, pool.map(lambda v: _read_commit(fs, root, v), unread)))
+        low = versions[-1] if versions else 0
+        self._read = {v: e for v, e in self._read.items() if v >= low}  # a long-lived ledger keeps one window
+        return [(v, *self._read[v]) for v in versions if self._read[v] is not None]
 
     def recent_commits(self, limit: int | None = 20, table: DeltaTable | None = None) -> list[CommitEntry]:
         """The newest oncemore commits of any pipeline among the last ``limit`` commits (None:
@@ -190,8 +200,18 @@ class Ledger:
         return None
 
 
-def _record(commit: Mapping) -> CommitRecord | None:
-    raw = commit.get(METADATA_KEY)
-    if raw is None:
+def _read_commit(fs: pafs.FileSystem, root: str, version: int) -> tuple[int, CommitRecord | None] | None:
+    """The timestamp and oncemore record of one commit file; None when the file is gone."""
+    try:
+        with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as stream:
+            lines = stream.read().splitlines()
+    except FileNotFoundError:
         return None
-    return CommitRecord.from_json(raw if isinstance(raw, str) else json.dumps(raw))
+    for line in lines:
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+            raw = info.get(METADATA_KEY)
+            record = None if raw is None else CommitRecord.from_json(raw if isinstance(raw, str) else json.dumps(raw))
+            return int(info.get("timestamp", 0)), record
+    return 0, None
