@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from oncemore import devbroker, runner
+from oncemore import devbroker, ledger, runner
 from oncemore.committer import commit
 from oncemore.tables import ensure_tables
 from oncemore.config import parse_pipeline
@@ -64,11 +64,22 @@ class LoadCounter:
                 return result
 
             setattr(DeltaTable, name, timed)
+        read_commit = self._originals["_read_commit"] = ledger._read_commit  # history, read file by file
+
+        def counted(*args):
+            begin = time.perf_counter()
+            try:
+                return read_commit(*args)
+            finally:
+                self.seconds += time.perf_counter() - begin
+                self.commits_read += 1
+
+        ledger._read_commit = counted
         return self
 
     def __exit__(self, *exc):
         for name, original in self._originals.items():
-            setattr(DeltaTable, name, original)
+            setattr(ledger if name == "_read_commit" else DeltaTable, name, original)
 
     def __str__(self) -> str:
         return (f"{self.loads} snapshot loads, {self.updates} incremental updates, {self.commits_read} commit files "
