@@ -5,8 +5,9 @@ a warm Spark Connect server (oncemore.devconnect) — the resident Spark of hour
     scripts/benchmark fixed-cost [--records 100] [--batches 6] [--code DIR]
 
 ``--code DIR`` runs the CLI of another checkout's ``include`` (e.g. an older commit, for a
-before/after table; its Connect figures are skipped when it has no ``--remote``). Figures, not
-verdicts: the issue's targets are printed beside them.
+before/after table; its Connect figures are skipped when it has no ``--remote``, its phases when
+it has no ``--profile``). Figures, not verdicts: the issue's targets are printed beside them, and
+where the time of the cold and the warm run went (``oncemore run --profile``).
 """
 
 from __future__ import annotations
@@ -40,15 +41,22 @@ def write_pipeline(directory: Path, name: str, broker, topic: str, per_commit: i
     return path
 
 
-def cli_run(code: Path, config: Path, *extra: str, env: dict | None = None) -> float:
+PROFILES: dict[str, str] = {}  # what -> the run's --profile table
+
+
+def cli_run(code: Path, config: Path, *extra: str, env: dict | None = None, profile_as: str | None = None) -> float:
     """Seconds from process start to exit of `oncemore run`, as a user waits for it."""
     environment = {**os.environ, "PYTHONPATH": str(code), "ONCEMORE_SPARK_MASTER": "local[*]", **(env or {})}
+    if profile_as and "--profile" in (code / "oncemore" / "cli.py").read_text():
+        extra += ("--profile",)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", str(config), *extra],
                           env=environment, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"oncemore run failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    if "--profile" in extra:
+        PROFILES[profile_as] = "\n".join(done.stdout.splitlines()[1:])
     return seconds
 
 
@@ -72,7 +80,7 @@ def main() -> None:
         produce(broker, "small", 0, n)
         produce(broker, "batches", 0, n * batches)
 
-        cold = cli_run(code, write_pipeline(work, "small", broker, "small", n))
+        cold = cli_run(code, write_pipeline(work, "small", broker, "small", n), profile_as="cold run")
         rows.append(("cold run, local[*], JVM start included", f"{n} records", cold, "<= 12 s"))
         rows.append(("no-op rerun", "0 records", cli_run(code, work / "small.yaml"), "< 1 s"))
         many = cli_run(code, write_pipeline(work, "batches", broker, "batches", n))
@@ -88,8 +96,8 @@ def main() -> None:
                 warmup = cli_run(code, write_pipeline(work, "remote", broker, "remote", n), env=remote)
                 rows.append(("first run on a fresh Connect server", f"{n} records", warmup, ""))
                 produce(broker, "remote", n, n)
-                rows.append(("run on a warm Connect server", f"{n} records", cli_run(code, work / "remote.yaml", env=remote),
-                             "<= 3 s"))
+                warm = cli_run(code, work / "remote.yaml", env=remote, profile_as="warm Connect run")
+                rows.append(("run on a warm Connect server", f"{n} records", warm, "<= 3 s"))
                 rows.append(("no-op rerun, Connect configured", "0 records",
                              cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
             finally:
@@ -98,6 +106,9 @@ def main() -> None:
     print(f"  {'what':<44} {'size':>13} {'seconds':>8}  target")
     for what, size, seconds, target in rows:
         print(f"  {what:<44} {size:>13} {seconds:8.1f}  {target}")
+    for what, table in PROFILES.items():
+        print(f"\nwhere the {what}'s time went (oncemore run --profile; process start to exit is more):")
+        print("\n".join(f"  {line}" for line in table.splitlines()))
 
 
 if __name__ == "__main__":

@@ -35,9 +35,13 @@ def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_p
     plan = json.loads(planned.stdout)
     assert sum(r["end"] - r["start"] for b in plan["batches"] for r in b["ranges"]) >= 900
 
-    first = oncemore("run", "orders", env=env)
+    first = oncemore("run", "orders", "--profile", env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "committed 1 batch(es), 900 records written, 0 quarantined" in first.stdout
+    printed = {line.split()[0]: float(line.split()[-1]) for line in first.stdout.splitlines()[2:]}
+    assert set(printed) >= {"plan", "spark_start", "prepare", "spark_job", "read", "decode", "write", "validate",
+                            "commit", "run"}, first.stdout
+    assert 0 < printed["spark_start"] < printed["run"], "the JVM's start is part of the run"
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     # Quiet by default: Spark's start-up output went to its log file, not between oncemore's lines.
     for noise in ("Using incubator modules", "log4j", "NativeCodeLoader", "WARN Utils"):

@@ -23,6 +23,7 @@ from oncemore.config import OffsetBound
 from oncemore.kafka import admin_client, log_bounds
 from oncemore.commitrecord import METADATA_KEY, CommitRecord
 from oncemore.ledger import app_id, fingerprint
+from oncemore.profile import RUN_PHASES, TASK_PHASES
 
 from conftest import assert_exactly_once, held_positions, keyed, order, orders, query, read_pairs, run_with_fault
 
@@ -121,6 +122,16 @@ def test_max_records_per_commit_splits_into_commits_each_with_its_positions(brok
             assert snapshot.transaction_version(app_id("orders", topic, partition)) == end
             previous[partition] = end
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    # Each commit says where its time went; the run's own phases only in the run's first commit.
+    profiles = [b.profile for _, b in commits]
+    assert set(RUN_PHASES) <= set(profiles[0]) and not set(RUN_PHASES) & set(profiles[1])
+    for (_, batch), profile in zip(commits, profiles):
+        assert {"spark_job", "read", "decode", "write", "validate"} <= set(profile), profile
+        assert profile["read"] > 0 and profile["write"] > 0 and profile["spark_job"] <= batch.duration_ms
+    # The run's profile is its parts' plus its own, each phase counted once.
+    assert abs(report.profile["spark_job"] - sum(p["spark_job"] for p in profiles)) <= len(profiles)
+    assert report.profile["commit"] > 0 and sum(report.profile.values()) <= report.seconds * 1000 + sum(
+        report.profile[p] for p in TASK_PHASES)
 
 
 def test_malformed_records_go_to_quarantine_and_counts_add_up(broker, topic, make_pipeline, spark):

@@ -20,6 +20,7 @@ from .coordinates import nested
 from .errors import OncemoreError, root_cause
 from .kafka import CLIENT_LOG, KafkaReadError, KafkaSourceError
 from .planner import Plan, describe, plan_run
+from .profile import as_table
 from .report import format_status, status
 
 EXIT_FAILURE, EXIT_USAGE = 1, 2
@@ -68,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--remote", help="a Spark Connect server, sc://host:15002 (default: SPARK_REMOTE)")
     run.add_argument("--verbose", action="store_true",
                      help="show Spark's own output here (by default it goes to a file, named if the run fails)")
+    run.add_argument("--profile", action="store_true",
+                     help="print where the run's time went, per phase (planning, Spark start, read, decode, write, "
+                          "commit, ...)")
     run.add_argument("--kafka-overrides-file", type=Path,
                      help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
@@ -153,6 +157,8 @@ def _run(pipeline: Pipeline, args) -> int:
         for session in sessions:  # on a Connect server, the session's artifacts and views go with it
             session.stop()
     print(report.summary())
+    if args.profile:
+        print(as_table(report.profile, report.seconds))
     return 0
 
 

@@ -8,7 +8,8 @@ ever written stays readable: ``from_json`` brings older records to the current s
 Formats: 1 the batch; 2 topic, topic_id, cluster_id, bytes_read and reset; 3 log_end and
 duration_ms; 4 the commit also states the identity and owner txns (ledger.Claims); 5 several
 topics: ``topic_ids`` {topic: ID} instead of topic/topic_id, ``log_end`` and reset positions per
-topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each).
+topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each);
+6 ``profile``: milliseconds per phase of the work before the commit (profile.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from . import __version__
 from .coordinates import KafkaPartition, flat
 
 METADATA_KEY = "oncemore"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
 
@@ -60,6 +61,7 @@ class CommitRecord:
     bytes_read: int = 0
     log_end: Nested = field(default_factory=dict)  # {topic: {partition: last stable offset when planned}}
     duration_ms: int = 0  # reading, writing and committing this batch
+    profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} (profile.py)
     reset: Reset | None = None
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__

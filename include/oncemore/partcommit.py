@@ -32,6 +32,7 @@ from .committer import CommitOutcome, commit, covered_prefix, delete_files, vali
 from .coordinates import KafkaPartition, by_text, from_text, nested
 from .errors import CommitConflict, InvalidDataFile
 from .ledger import Ledger
+from .profile import RUN_PHASES, TASK_PHASES, Stopwatch
 from .schema import QUARANTINE_SCHEMA
 from .tasks import RangeResult
 from .writer import DataFile
@@ -59,7 +60,8 @@ class Part:
     topic_ids: Mapping[str, str | None]
     cluster_id: str | None
     log_end: Mapping[KafkaPartition, int]
-    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
+    profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
 
     @property
     def staging_id(self) -> str:
@@ -93,6 +95,7 @@ class Written:
     files: tuple[DataFile, ...] = ()
     violations: Mapping[str, int] = field(default_factory=dict)  # {expectation: rows}
     violations_by_partition: Mapping[KafkaPartition, int] = field(default_factory=dict)
+    write_seconds: float = 0.0  # task time writing them
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class PartOutcome:
     records: Mapping[str, int]  # written, quarantined, filtered
     bytes_read: int
     schema_ahead: str | None  # the record whose writer schema the reader lacks (tasks.AheadRecord as text)
+    profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} of this part (profile.py)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -124,20 +128,30 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     ledgers of a caller that keeps them (their snapshots are then only updated)."""
     main, quarantine = ledgers or (Ledger(part.table_uri, part.pipeline, storage_options),
                                    Ledger(part.quarantine_uri, part.pipeline, storage_options))
+    watch = Stopwatch()
+    watch.add_ms({"spark_job": int(time.time() * 1000) - part.started_ms})
     ends, kept, dropped = covered_prefix(results, part.starts)
+    for phase in TASK_PHASES:
+        watch.seconds[phase] += sum(r.seconds.get(phase, 0.0) for r in kept)
+    watch.seconds["write"] += written.write_seconds
     _delete(part, [f for r in dropped for f in r.files], storage_options)
     read = {p: (part.starts[p], ends[p]) for p in part.starts}
     files = [f for r in kept for f in r.files] + list(written.files)
     main_files = [f for f in files if f.table == "main"]
     quarantine_files = [f for f in files if f.table == "quarantine"]
     schema_ahead = next((r.schema_ahead for r in kept if r.schema_ahead is not None), None)
-    validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
-    validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
+    with watch.timing("validate"):
+        validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
+        validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
     records = _accounted(part, kept, main_files, written, read)
+
+    def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
+        return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms())
+
     if all(part.expected.get(p) == end for p, (_, end) in read.items()):
         # Cut before its first record (a newer writer schema) with no position to record: a part
         # that read nothing still commits when it moves a position (a start at latest, a gap).
-        return PartOutcome("nothing_read", None, None, read, records, 0, schema_ahead)
+        return outcome_of("nothing_read", None, None, 0)
     record = CommitRecord(
         pipeline=part.pipeline, run_id=part.run_id, batch_seq=part.batch_seq, until=part.until,
         ranges=nested({p: [s, e] for p, (s, e) in read.items()}), records=records,
@@ -147,28 +161,30 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         bytes_read=sum(r.bytes_read for r in kept),
         log_end=nested({p: part.log_end[p] for p in read if p in part.log_end}),
         duration_ms=int(time.time() * 1000) - part.started_ms,
+        profile={**{p: part.profile[p] for p in RUN_PHASES if p in part.profile}, **watch.ms()},
     )
     new_positions = {p: e for p, (_, e) in read.items()}
     quarantine_version = None
     if quarantine_files:
         touched = {KafkaPartition.parse(key) for f in quarantine_files for key in f.offsets}
-        outcome = _commit(part, quarantine, quarantine_files, {p: part.quarantine_expected.get(p) for p in touched},
-                          {p: new_positions[p] for p in touched}, record)
-        quarantine_version = outcome.version
-        held = quarantine.positions(touched)
+        with watch.timing("commit"):
+            outcome = _commit(part, quarantine, quarantine_files, {p: part.quarantine_expected.get(p) for p in touched},
+                              {p: new_positions[p] for p in touched}, record)
+            quarantine_version = outcome.version
+            held = quarantine.positions(touched)
         short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
         if short:
             log.warning("pipeline %s: the quarantine table holds %s, not the ends %s this part reached; its main "
                         "commit waits, the batch goes round from the positions as they are", part.pipeline,
                         by_text(short), by_text({p: new_positions[p] for p in short}))
             delete_files(part.table_uri, main_files, storage_options)  # never offered to a commit
-            return PartOutcome("quarantine_behind", None, quarantine_version, read, records, record.bytes_read,
-                               schema_ahead)
-    outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
+            return outcome_of("quarantine_behind", None, quarantine_version, record.bytes_read)
+    with watch.timing("commit"):
+        outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
     log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
              outcome.status, ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())),
              records["written"], records["quarantined"], records["filtered"])
-    return PartOutcome(outcome.status, outcome.version, quarantine_version, read, records, record.bytes_read, schema_ahead)
+    return outcome_of(outcome.status, outcome.version, quarantine_version, record.bytes_read)
 
 
 def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], written: Written,

@@ -31,6 +31,7 @@ from .jobs import ingest_job, shaped_job
 from .ledger import Ledger
 from .partcommit import Part, Written, commit_part
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
+from .profile import RUN_PHASES, Stopwatch, one_line
 from .progress import Progress
 from .recordformat import FormatError, ReaderBehind, RecordSpec, follow, refuse, registries, resolve
 from .schema import SchemaError, check_partition_by
@@ -59,6 +60,7 @@ class RunReport:
     plan: Plan
     batches: list[BatchReport] = field(default_factory=list)
     seconds: float = 0.0
+    profile: dict[str, int] = field(default_factory=dict)  # {phase: ms} (profile.py)
 
     @property
     def status(self) -> str:
@@ -90,10 +92,12 @@ def _ranges(batch: Batch) -> dict[KafkaPartition, tuple[int, int]]:
 class _Run:
     """The state of one run: the pipeline's two ledgers, the Spark session once needed, how its
     records are decoded and shaped and the table's schema (resolved once there is work), and what
-    this run has learned of its partitions' record sizes."""
+    this run has learned of its partitions' record sizes, and where its time went."""
 
-    def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object]):
-        self.pipeline, self.plan, self.run_id = pipeline, plan, run_id
+    def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object],
+                 watch: Stopwatch):
+        self.pipeline, self.plan, self.run_id, self.watch = pipeline, plan, run_id, watch
+        self.parts = 0
         options = pipeline.sink.storage_options
         self.main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
         self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
@@ -106,7 +110,8 @@ class _Run:
     @property
     def spark(self):
         if self._spark is None:
-            self._spark = self._spark_factory()
+            with self.watch.timing("spark_start"):
+                self._spark = self._spark_factory()
         return self._spark
 
     @cached_property
@@ -119,6 +124,11 @@ class _Run:
         ``ahead``, a record whose writer schema the reader lacks: the reader follows that writer
         when the table can take the result (recordformat.follow), else the writer is refused, its
         records errors with the reason, and the table stays as it is."""
+        self.spark  # started first, so its start is not counted as preparing
+        with self.watch.timing("prepare"):
+            self._prepare(ahead)
+
+    def _prepare(self, ahead: AheadRecord | None) -> None:
         from .evolution import SchemaChangeRefused
 
         if ahead is None:
@@ -221,7 +231,9 @@ class _Run:
             topic_ids={t: i.topic_id for t, i in plan.identities.items()},
             cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
             log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
+            profile=self.watch.ms(RUN_PHASES) if self.parts == 0 else {},
         )
+        self.parts += 1
         spec = self._spec(floors, self.table_schema)
         # Through Spark, a partition's part is one range: files of its rows may mix ranges, so no
         # range of it may be dropped after a cut one.
@@ -236,6 +248,7 @@ class _Run:
             self._learn_sizes(results)
             outcome = commit_part(part, results, Written(), self.table_schema, pipeline.sink.storage_options,
                                   (self.main, self.quarantine))
+        self.watch.add_ms(outcome.profile)
         if outcome.quarantine_version is not None:
             report.quarantine_versions.append(outcome.quarantine_version)
         ours = outcome.status == "committed"
@@ -246,7 +259,8 @@ class _Run:
             report.versions.append(outcome.version)
             if pipeline.commit_consumer_group:
                 held = self.main.positions(part.partitions)
-                mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
+                with self.watch.timing("mirror"):
+                    mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
         self.progress.advance(batch.seq, sum(e - s for s, e in outcome.read.values()),
                               outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,
                               outcome.bytes_read if ours else 0)
@@ -320,23 +334,26 @@ def run(
 ) -> RunReport:
     started = time.monotonic()
     run_id = run_id or f"oncemore-{uuid.uuid4().hex[:12]}"
-    if plan is None:
-        plan = plan_run(pipeline, until)
-    else:
-        check_plan(pipeline, plan)
+    watch = Stopwatch()
+    with watch.timing("plan"):
+        if plan is None:
+            plan = plan_run(pipeline, until)
+        else:
+            check_plan(pipeline, plan)
     report = RunReport(pipeline.name, run_id, plan)
     if spark_factory is None:
         from .spark import spark_session as spark_factory
-    state = _Run(pipeline, plan, run_id, spark_factory)
-    pending = [batch for batch in plan.batches if not state.holds(batch)]
-    if not pending:
+    state = _Run(pipeline, plan, run_id, spark_factory, watch)
+    with watch.timing("plan"):
+        pending = [batch for batch in plan.batches if not state.holds(batch)]
+    if pending:
+        log.info("%s", describe(plan))
+        state.prepare()
+        state.progress = Progress(pipeline.name, len(plan.batches), state.offsets_left(pending))
+        for batch in plan.batches:
+            report.batches.append(state.ingest(batch))
+    else:
         report.batches = [BatchReport(b.seq, _ranges(b)) for b in plan.batches]
-        report.seconds = time.monotonic() - started
-        return report
-    log.info("%s", describe(plan))
-    state.prepare()
-    state.progress = Progress(pipeline.name, len(plan.batches), state.offsets_left(pending))
-    for batch in plan.batches:
-        report.batches.append(state.ingest(batch))
-    report.seconds = time.monotonic() - started
+    report.seconds, report.profile = time.monotonic() - started, watch.ms()
+    log.info("%s: profile: %s", pipeline.name, one_line(report.profile))
     return report

@@ -31,6 +31,7 @@ from .committer import delete_files
 from .coordinates import KafkaPartition
 from .errors import OncemoreError, error_to_json
 from .partcommit import Part, Written, commit_part
+from .profile import Stopwatch
 from .schema import METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, schema_from_text
 from .staging import Staging
 from .tasks import RangeResult
@@ -50,6 +51,7 @@ class WrittenFiles(WriterCommitMessage):
     files: list[dict]
     violations: dict[str, int]
     violations_by_partition: dict[str, int]
+    write_seconds: float = 0.0
 
 
 class DeltaSinkDataSource(DataSource):
@@ -85,6 +87,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         violations: Counter = Counter()
         by_partition: Counter = Counter()
         verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(self.expectations))]
+        watch = Stopwatch()
         for batch in iterator:
             rows = pa.Table.from_batches([batch])
             errors = self._failed_expectations(rows, verdicts, violations)
@@ -97,13 +100,16 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                 for text in (f"{t}/{p}" for t, p in zip(bad.column(TOPIC_COLUMN).to_pylist(),
                                                          bad.column(PARTITION_COLUMN).to_pylist())):
                     by_partition[text] += 1
-                quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
+                with watch.timing("write"):
+                    quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
                 keep = pa.array([i not in errors for i in range(rows.num_rows)])
                 rows = rows.filter(keep)
             if rows.num_rows:
-                main.write(conform(rows, self.table_schema))
-        files = main.close() + quarantine.close()
-        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition))
+                with watch.timing("write"):
+                    main.write(conform(rows, self.table_schema))
+        with watch.timing("write"):
+            files = main.close() + quarantine.close()
+        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition), watch.seconds["write"])
 
     def _failed_expectations(self, rows: pa.Table, verdicts: list[str], violations: Counter) -> dict[int, str]:
         errors: dict[int, str] = {}
@@ -149,6 +155,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             violations=sum((Counter(m.violations) for m in messages if m), Counter()),
             violations_by_partition={KafkaPartition.parse(k): v for k, v in
                                      sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
+            write_seconds=sum(m.write_seconds for m in messages if m),
         )
         staging.put(COMMIT_BEGUN, "{}")
         try:

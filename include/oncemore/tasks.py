@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from .coordinates import KafkaPartition
 from .decode import Decoded, RecordDecoder, quarantine_rows
 from .formats import SchemaAhead
+from .profile import TASK_PHASES, Stopwatch
 from .recordformat import RecordSpec
 from .records import RangeRecords
 from .schema import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
@@ -63,7 +64,7 @@ class RangeResult:
     a writer schema ahead of the reader may stop it early: ``schema_ahead`` says where, an
     AheadRecord as text), holding ``records`` data records (transaction markers and aborted records
     hold offsets but no record), ``quarantined`` of which could not be stored; ``files`` hold what
-    this task wrote of them."""
+    this task wrote of them; ``seconds`` what the range took to read, decode and write (profile.py)."""
 
     topic: str
     partition: int
@@ -75,6 +76,7 @@ class RangeResult:
     quarantined: int
     files: tuple[DataFile, ...]
     schema_ahead: str | None = None  # str(AheadRecord)
+    seconds: Mapping[str, float] = field(default_factory=dict)  # {read, decode, write}
 
     @property
     def key(self) -> KafkaPartition:
@@ -154,10 +156,17 @@ class _RangeDecoding:
         self.floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
         self.count = self.quarantined = 0
         self.schema_ahead: str | None = None
+        self.watch = Stopwatch()
 
     def rows(self) -> Iterator[pa.Table]:
-        for batch in self.records:
-            kept, decoded, ahead = self._decoded_before_ahead(batch)
+        batches = iter(self.records)
+        while True:
+            with self.watch.timing("read"):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            with self.watch.timing("decode"):
+                kept, decoded, ahead = self._decoded_before_ahead(batch)
             if ahead is not None:
                 # Stop before the record whose writer schema the reader lacks: the run follows it.
                 offset = batch.column("offset")[ahead.index].as_py()
@@ -194,15 +203,18 @@ class _RangeDecoding:
         self.count += batch.num_rows
         self.quarantined += bad.num_rows
         if bad.num_rows:
-            self.quarantine.write(bad.filter(pc.greater_equal(bad.column(OFFSET_COLUMN), self.floor)))
+            with self.watch.timing("write"):
+                self.quarantine.write(bad.filter(pc.greater_equal(bad.column(OFFSET_COLUMN), self.floor)))
         if good.num_rows:
             yield good
 
     def result(self, files: tuple[DataFile, ...] = ()) -> RangeResult:
         records = self.records
+        with self.watch.timing("write"):
+            files += tuple(self.quarantine.close())
         return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
-                           records.bytes_read, self.count, self.quarantined, files + tuple(self.quarantine.close()),
-                           self.schema_ahead)
+                           records.bytes_read, self.count, self.quarantined, files, self.schema_ahead,
+                           {p: round(self.watch.seconds[p], 6) for p in TASK_PHASES})
 
 
 def ingest_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> RangeResult:
@@ -210,8 +222,11 @@ def ingest_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) 
     decoding = _RangeDecoding(records, spec, decoder, check_partitions=True)
     main = spec.main_writer()
     for good in decoding.rows():
-        main.write(conform(good, spec.table_schema))
-    return decoding.result(tuple(main.close()))
+        with decoding.watch.timing("write"):
+            main.write(conform(good, spec.table_schema))
+    with decoding.watch.timing("write"):
+        files = tuple(main.close())
+    return decoding.result(files)
 
 
 def decode_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> tuple[Iterator[pa.Table], _RangeDecoding]:
