@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from . import classarchive
 from .errors import SparkConnectError
 from .redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
 
@@ -50,12 +51,27 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.redaction.regex", SPARK_CONF_REGEX).config("spark.ui.showConsoleProgress", "false")
+    java_options = driver_java_options()
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     with output_to(output):
         spark = builder.getOrCreate()
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
         spark.sparkContext.addPyFile(package_zip())
     register_sources(spark)
     return spark
+
+
+def driver_java_options() -> str | None:
+    """The class archive's option (classarchive.py) for the driver JVM this process is about to
+    start; None when no JVM is started here (one runs already, or spark-submit started it)."""
+    import pyspark
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    return classarchive.java_options(pyspark.__version__, spark_home)
 
 
 @contextmanager
