@@ -39,7 +39,8 @@ def written(final: Path, pid: int, age_seconds: float, size: int = 10) -> Path:
 
 def test_the_first_run_writes_the_archive_under_its_own_name(cache):
     final = classarchive.archive_path("4.0.0")
-    assert classarchive.java_options("4.0.0", str(cache)) == f"-XX:ArchiveClassesAtExit={final}.{os.getpid()}.writing"
+    assert classarchive.java_options("4.0.0", str(cache)).startswith(
+        f"-XX:ArchiveClassesAtExit={final}.{os.getpid()}.writing ")
     assert final.parent == cache and not final.exists()
 
 

@@ -60,7 +60,7 @@ def java_options(spark_version: str, spark_home: str) -> str | None:
         return f"-XX:SharedArchiveFile={final}"
     if being_written:  # by another run: this one starts without, rather than write a second
         return None
-    return f"-XX:ArchiveClassesAtExit={final}.{os.getpid()}.writing"
+    return f"-XX:ArchiveClassesAtExit={final}.{os.getpid()}.writing -Xlog:cds=off"  # its warnings list classes left out
 
 
 def _adopt_written(final: Path) -> bool:
