@@ -16,25 +16,31 @@ Spark redacts the secret ones.
   costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (sink.py); each range's RangeResult goes to the part's staging area.
+
+Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
+partitions), each importing this module: what only reading needs (the Kafka client, decoders,
+registry clients) is imported by the reading task, not here.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from functools import cached_property
+from typing import TYPE_CHECKING, Iterator
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from . import faults
 from .coordinates import KafkaPartition, flat, nested
-from .kafka import range_consumer
-from .records import RangeRecords
 from .schema import KAFKA_RECORD_SCHEMA
-from .staging import Staging
-from .tasks import MANIFEST_SCHEMA, TaskSpec, decode_range, ingest_range, manifest_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .records import RangeRecords
+    from .tasks import TaskSpec
 
 NAME = "oncemore_kafka"
 INGEST_NAME = "oncemore_ingest"
@@ -83,6 +89,8 @@ class _RangeReader(DataSourceReader):
 
     def records(self, consumer, topic: str, partition: int, start: int, end: int,
                 max_bytes: int | None = None) -> RangeRecords:
+        from .records import RangeRecords
+
         where = f"pipeline {self.pipeline}: {topic}/{partition}"
         return RangeRecords(consumer, topic, partition, start, end, self.stall_timeout, where, max_bytes)
 
@@ -119,6 +127,8 @@ class KafkaRangeReader(_RangeReader):
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
         if split is None:  # Spark calls read(None) once when partitions() is empty
             return
+        from .kafka import range_consumer
+
         with range_consumer(self.kafka_config) as consumer:
             for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
                 yield batch.select(KAFKA_RECORD_SCHEMA.names)
@@ -126,6 +136,8 @@ class KafkaRangeReader(_RangeReader):
 
 def task_spec(options) -> TaskSpec:
     """The TaskSpec of ``options`` (option ``spec``), with its settings from their own options."""
+    from .tasks import TaskSpec
+
     return TaskSpec.from_json(options["spec"], _prefixed(options, "storage."), _prefixed(options, "registry.") or None,
                               _prefixed(options, "key.registry.") or None)
 
@@ -138,12 +150,19 @@ class _TaskReader(_RangeReader):
         super().__init__(options)
         self.tasks = [[tuple(r) for r in task] for task in json.loads(options["tasks"])]
         self.max_bytes = int(options["maxBytesPerTask"])
-        self.spec = task_spec(options)
+        self.options = dict(options)
+
+    @cached_property
+    def spec(self) -> TaskSpec:  # parsed where the ranges are read
+        return task_spec(self.options)
 
     def partitions(self) -> list[KafkaTaskPartition]:
         return [KafkaTaskPartition(ranges) for ranges in self.tasks]
 
     def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
+        from .kafka import range_consumer
+        from .records import RangeRecords
+
         faults.reach("task")
         with range_consumer(self.kafka_config) as consumer:
             for topic, partition, start, end in task.ranges:
@@ -157,8 +176,8 @@ class KafkaIngestDataSource(DataSource):
     def name(cls) -> str:
         return INGEST_NAME
 
-    def schema(self) -> StructType:
-        return from_arrow_schema(MANIFEST_SCHEMA)
+    def schema(self) -> str:
+        return "range STRING"  # tasks.MANIFEST_SCHEMA
 
     def reader(self, schema) -> "KafkaIngestReader":
         return KafkaIngestReader(self.options)
@@ -171,6 +190,8 @@ class KafkaIngestReader(_TaskReader):
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
+        from .tasks import ingest_range, manifest_batch
+
         decoder = self.spec.decoder()
         for records in self.ranges(task):
             yield manifest_batch(ingest_range(records, self.spec, decoder))
@@ -203,6 +224,9 @@ class KafkaRecordsReader(_TaskReader):
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
+        from .staging import Staging
+        from .tasks import decode_range
+
         staging = Staging(self.spec.quarantine_uri, self.staging, self.spec.storage_options)
         decoder = self.spec.decoder()
         schema = decoder.schema
