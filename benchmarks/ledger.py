@@ -1,6 +1,8 @@
 """What reading the ledger costs on a long log: a table of N oncemore commits with one data file
 each (positions of 8 partitions, batch records, as ingestion writes them), then
 
+- planning a run (Kafka offsets + the Delta log; median of 5) against it and against a table of
+  10 commits: the issue's bound is 1.5 times;
 - the snapshot loads a run makes per batch part and the seconds they take (a run of one record
   per partition, Spark local[1]; Spark's own time is not counted), and
 - the oncemore page's read of a pipeline (seconds, median of 5).
@@ -31,6 +33,7 @@ from oncemore.commitrecord import CommitRecord
 from oncemore.coordinates import KafkaPartition
 from oncemore.ledger import Ledger
 from oncemore.overview import pipeline_overview
+from oncemore.planner import LATEST, plan_run
 from oncemore.schema import records_schema
 from oncemore.writer import TableWriter
 
@@ -137,6 +140,19 @@ def main() -> None:
         table = DeltaTable(pipeline.sink.table_uri)
         print(f"table: version {table.version()}, {len(table.file_uris())} files, "
               f"{len(list((work / 'events' / '_delta_log').glob('*.checkpoint.parquet')))} checkpoints")
+        short = pipeline.model_copy(update={"sink": pipeline.sink.model_copy(update={
+            "table_uri": str(work / "short"), "quarantine_uri": str(work / "short_quarantine")})})
+        build(short, 10)
+        plan_seconds = {}
+        for label, planned in (("10 commits", short), (f"{table.version()} commits", pipeline)):
+            times = []
+            for _ in range(6):
+                begin = time.perf_counter()
+                plan_run(planned, LATEST)
+                times.append(time.perf_counter() - begin)
+            plan_seconds[label] = statistics.median(times[1:])
+        (few, few_s), (many, many_s) = plan_seconds.items()
+        print(f"planning: {few_s:.3f}s on {few}, {many_s:.3f}s on {many} = {many_s / few_s:.2f} x (bound 1.5 x)")
 
         from oncemore.spark import spark_session
 
