@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ def write_pipeline(directory: Path, name: str, broker, topic: str, per_commit: i
 PROFILES: dict[str, str] = {}  # what -> the run's --profile table
 
 
-CACHE = Path(tempfile.mkdtemp(prefix="oncemore-fixed-cache-"))  # the JVM's class archive: none at first
+CACHE = Path(tempfile.gettempdir(), f"oncemore-fixed-cache-{os.getpid()}")  # the JVM's class archive: none at first
 
 
 def cli_run(code: Path, config: Path, *extra: str, env: dict | None = None, profile_as: str | None = None) -> float:
@@ -122,6 +123,7 @@ def main() -> None:
                              cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
             finally:
                 server.stop()
+    shutil.rmtree(CACHE, ignore_errors=True)
     print(f"\nfixed cost per run ({code}), {os.cpu_count()} cores:")
     print(f"  {'what':<44} {'size':>13} {'seconds':>8}  target")
     for what, size, seconds, target in rows:

@@ -352,7 +352,10 @@ def test_starting_latest_skips_the_backlog_and_records_every_partition(broker, t
     broker.produce(topic, orders(0, 300))
     pipeline = make_pipeline(topic, source={"starting_offsets": "latest"})
 
-    first = runner.run(pipeline, spark_factory=lambda: spark)
+    def spark_never():
+        raise AssertionError("a run with nothing to read started Spark")
+
+    first = runner.run(pipeline, spark_factory=spark_never)
     assert first.written == 0 and first.status == "committed", "the start is recorded even with nothing to read"
     new = broker.produce(topic, orders(300, 90))
     runner.run(pipeline, spark_factory=lambda: spark)

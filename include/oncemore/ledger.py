@@ -207,7 +207,7 @@ def _read_commit(fs: pafs.FileSystem, root: str, version: int) -> tuple[int, Com
             lines = stream.read().splitlines()
     except FileNotFoundError:
         return None
-    for line in lines:
+    for line in filter(None, lines):
         action = json.loads(line)
         if "commitInfo" in action:
             info = action["commitInfo"]

@@ -97,7 +97,7 @@ class _Run:
     def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, spark_factory: Callable[[], object],
                  watch: Stopwatch):
         self.pipeline, self.plan, self.run_id, self.watch = pipeline, plan, run_id, watch
-        self.parts = 0
+        self.run_phases_recorded = False  # in the record of the run's first commit
         options = pipeline.sink.storage_options
         self.main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
         self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
@@ -124,9 +124,11 @@ class _Run:
         ``ahead``, a record whose writer schema the reader lacks: the reader follows that writer
         when the table can take the result (recordformat.follow), else the writer is refused, its
         records errors with the reason, and the table stays as it is."""
-        self.spark  # started first, so its start is not counted as preparing
+        started_spark = self.watch.seconds["spark_start"]
         with self.watch.timing("prepare"):
             self._prepare(ahead)
+        # Spark starts here only for a transform's analysis: counted as its start, not as preparing.
+        self.watch.seconds["prepare"] -= self.watch.seconds["spark_start"] - started_spark
 
     def _prepare(self, ahead: AheadRecord | None) -> None:
         from .evolution import SchemaChangeRefused
@@ -222,6 +224,14 @@ class _Run:
         # The quarantine table keeps only rows at or after its own position (heals a crash
         # between the quarantine commit and the main commit).
         floors = {p: max(r.start, quarantine_positions[p] or 0) for p, r in left.items()}
+        spec = self._spec(floors, self.table_schema)
+        # Through Spark, a partition's part is one range: files of its rows may mix ranges, so no
+        # range of it may be dropped after a cut one.
+        limits = (pipeline.limits.model_copy(update={"max_records_per_partition": 1 << 62})
+                  if pipeline.shapes_in_spark else pipeline.limits)
+        tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, limits, self.bytes_per_offset)
+        # Spark starts here (task_slots), before the part's record takes the run's phases.
+        groups = group_tasks(tasks, self.task_slots, pipeline.limits.max_records_per_partition) if tasks else []
         part = Part(
             pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=plan.until,
             table_uri=pipeline.sink.table_uri, quarantine_uri=pipeline.sink.quarantine_uri,
@@ -231,16 +241,8 @@ class _Run:
             topic_ids={t: i.topic_id for t, i in plan.identities.items()},
             cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
             log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
-            profile=self.watch.ms(RUN_PHASES) if self.parts == 0 else {},
+            profile={} if self.run_phases_recorded else self.watch.ms(RUN_PHASES),
         )
-        self.parts += 1
-        spec = self._spec(floors, self.table_schema)
-        # Through Spark, a partition's part is one range: files of its rows may mix ranges, so no
-        # range of it may be dropped after a cut one.
-        limits = (pipeline.limits.model_copy(update={"max_records_per_partition": 1 << 62})
-                  if pipeline.shapes_in_spark else pipeline.limits)
-        tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, limits, self.bytes_per_offset)
-        groups = group_tasks(tasks, self.task_slots, pipeline.limits.max_records_per_partition) if tasks else []
         if pipeline.shapes_in_spark and tasks:
             outcome = shaped_job(self.spark, pipeline, spec, groups, budget, part, self._shape)
         else:
@@ -253,6 +255,7 @@ class _Run:
             report.quarantine_versions.append(outcome.quarantine_version)
         ours = outcome.status == "committed"
         if ours:
+            self.run_phases_recorded = True
             report.status = "committed"
             report.written += outcome.records["written"]
             report.quarantined += outcome.records["quarantined"]
