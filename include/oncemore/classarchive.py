@@ -6,12 +6,13 @@ The first run on a machine (per Spark version and Java installation) asks its JV
 archive when it exits (``-XX:ArchiveClassesAtExit``, about 2 s more that once), under a name of its
 own (marked as the run starts, so runs starting meanwhile start without an archive rather than
 write another); a later run adopts it once that run's process is gone and the file has not changed
-for a while, so no run maps a half-written archive. Every
-later run starts from it (``-XX:SharedArchiveFile``). The JVM checks an archive against itself and
-its class path and starts without one it cannot use, so a stale archive costs speed, never a run
-(a truncated one, from a JVM killed while writing it, is never rebuilt: delete it, or turn it off).
+for a while, so no run maps a half-written archive. Every later run starts from it
+(``-XX:SharedArchiveFile``). The JVM checks an archive against itself and its class path and starts
+without one it cannot use, so a stale archive costs speed, never a run (a truncated one, from a JVM
+killed while writing it, is never rebuilt: delete it, or turn it off).
 Lives in ``$XDG_CACHE_HOME/oncemore/jvm`` (``~/.cache``); ``ONCEMORE_JVM_ARCHIVE=off`` turns it off,
-and so does a configuration directory on the class path (``SPARK_CONF_DIR`` and the like).
+and so do a configuration directory on the class path (``SPARK_CONF_DIR`` and the like), a Java
+runtime without a base archive, and a cache directory that cannot be written.
 Only a driver JVM this process starts is concerned (``oncemore run`` on a local or standalone
 master); spark-submit (Airflow's ingest task) starts its JVM before oncemore runs.
 """

@@ -14,8 +14,8 @@ The phases, in the order they happen:
 - ``mirror``: the positions mirrored to the consumer group.
 
 Invariant: the phases of a run are counted once. The run-level ones (plan, spark_start, prepare)
-go into the record of the run's first part only; a record holds what happened before its commits
-(its own commit time is in the run's profile, which is the sum of its parts' and its own).
+go into the record of the run's first commit that lands, no other; a record holds what happened
+before its commits (their own time is in the run's profile, the sum of its parts' and its own).
 """
 
 from __future__ import annotations
