@@ -25,6 +25,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping
 
 from deltalake import DeltaTable, Transaction
@@ -155,11 +156,16 @@ class Ledger:
             actions.append(Transaction(owner_app_id(topic), fingerprint(self.pipeline), now_ms))
         return actions
 
+    @cached_property
+    def _log_store(self) -> tuple[pafs.FileSystem, str]:
+        """The filesystem and root the commit files are read from (an S3 client is built once)."""
+        return filesystem(self.table_uri, self.storage_options)
+
     def _commits(self, limit: int | None, table: DeltaTable) -> list[tuple[int, int, CommitRecord | None]]:
         """The newest ``limit`` commits of ``table`` (None: all), newest first, as (version,
         timestamp, record). Only versions not read before are read."""
         newest = table.version()
-        fs, root = filesystem(self.table_uri, self.storage_options)
+        fs, root = self._log_store
         if limit is None:  # the whole log: the versions whose commit files are still there
             listed = fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))
             versions = sorted((int(i.base_name[:-5]) for i in listed
