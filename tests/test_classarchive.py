@@ -12,7 +12,7 @@ import pytest
 
 from oncemore import classarchive
 
-from conftest import orders
+from conftest import assert_exactly_once, orders, read_pairs
 from test_cli import oncemore
 
 
@@ -94,7 +94,7 @@ def test_no_archive_where_the_jvm_could_not_write_or_map_one_or_the_cache_is_unu
 
 @pytest.mark.spark
 def test_a_later_run_starts_its_jvm_from_the_archive_the_first_wrote(broker, topic, make_pipeline, tmp_path):
-    broker.produce(topic, orders(0, 30))
+    produced = broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)
     cache = tmp_path / "cache"
     first = oncemore("run", "--config", pipeline.origin, env={"XDG_CACHE_HOME": str(cache)})
@@ -109,8 +109,9 @@ def test_a_later_run_starts_its_jvm_from_the_archive_the_first_wrote(broker, top
     os.utime(writing, (time.time() - 3600,) * 2)  # settled
 
     # Under -Xshare:on a JVM that cannot map the archive does not start.
-    broker.produce(topic, orders(30, 30))
+    produced += broker.produce(topic, orders(30, 30))
     second = oncemore("run", "--config", pipeline.origin, env={"XDG_CACHE_HOME": str(cache), "JDK_JAVA_OPTIONS": "-Xshare:on"})
     assert second.returncode == 0, second.stderr[-3000:]
     assert "committed 1 batch(es), 30 records written" in second.stdout
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     assert [p.suffix for p in jvm.iterdir()] == [".jsa"]
