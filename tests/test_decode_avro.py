@@ -356,7 +356,7 @@ def test_a_batch_ahead_in_its_key_and_later_in_its_value_stops_at_the_earlier_of
 
     task = TaskSpec(spec, pa.schema([]), str(tmp_path / "main"), str(tmp_path / "quarantine"), (), {f"{topic}/0": 0},
                     {}, settings, settings)
-    decoding = _RangeDecoding(Range(), task, task.decoder(), check_partitions=False)
+    decoding = _RangeDecoding(Range(), task, task.decoder(), False, task.quarantine_writer())
     rows = list(decoding.rows())
     assert [r["id"] for t in rows for r in t.to_pylist()] == [0, 1]
     assert AheadRecord.parse(decoding.schema_ahead) == AheadRecord("value", ahead.value.schema_id, topic, 0, 12)

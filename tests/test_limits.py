@@ -9,8 +9,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from oncemore import runner
 
@@ -115,3 +118,45 @@ def test_a_plan_of_64_partitions_and_100_batches_reaches_spark_submit_through_a_
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert "committed 100 batch(es), 6400 records written" in submitted.stdout
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_a_task_writes_one_file_per_table_for_all_its_ranges(broker, make_pipeline, spark):
+    # One file per range made a topic of 1,000 partitions commit 1,000 files and a megabyte of log.
+    topic = "twelve"
+    broker.create_topic(topic, 12)
+    produced = broker.produce(topic, [(p, None, order(i) if i % 6 else b"not json", None)
+                                      for i in range(6) for p in range(12)])
+    pipeline = make_pipeline(topic)
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert (report.written, report.quarantined) == (60, 12)
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri) + read_pairs(pipeline.sink.quarantine_uri), produced)
+    for uri in (pipeline.sink.table_uri, pipeline.sink.quarantine_uri):
+        files = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+        assert len(files) <= 2, f"{len(files)} files from 2 tasks"  # local[2]: two tasks of six ranges
+        assert sum(f["num_records"] for f in files) == (60 if uri == pipeline.sink.table_uri else 12)
+        assert all(f["min._kafka_partition"] < f["max._kafka_partition"] for f in files), "a file holds many ranges"
+
+
+def test_a_sub_range_after_one_cut_short_is_dropped_with_its_files_while_its_task_mates_commit(
+        broker, make_pipeline, spark):
+    # Partition 0 is split into [0, 10) and [10, 15); its first sub-range stops at the task's byte
+    # budget after 3 records, so the second is dropped (its own files deleted) while partition 3's
+    # range, read by the same task into the task's shared file, commits.
+    topic = "split"
+    broker.create_topic(topic, 4)
+    records = [(0, None, big(i), None) for i in range(15)]
+    records += [(p, None, order(i), None) for p, count in ((1, 10), (2, 10), (3, 5)) for i in range(count)]
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic, limits={"max_records_per_partition": 10, "max_bytes_per_task": 100_000})
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.written == 40
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    first = oncemore_commits(pipeline.sink.table_uri)[0][1]
+    assert first.ranges[topic] == {"0": [0, 3], "1": [0, 10], "2": [0, 10], "3": [0, 5]}
+    table = DeltaTable(pipeline.sink.table_uri)
+    on_disk = {p.name for p in Path(pipeline.sink.table_uri).glob("*.parquet")}
+    assert on_disk == {Path(uri).name for uri in table.file_uris()}, "the dropped sub-range's files are deleted"

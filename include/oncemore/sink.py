@@ -206,7 +206,10 @@ def _stored(kind: pa.DataType) -> pa.DataType:
 
 def _one_per_range(results) -> list[RangeResult]:
     """One RangeResult per range: a retried or speculative task attempt left another (both read the
-    same records); the other's files are never committed (vacuum removes them)."""
+    same records); the other's files are never committed (vacuum removes them). A task's ranges
+    share its files, listed by its last range's result (tasks.TaskFiles): whichever attempt's
+    results are chosen, each range's rows are in exactly one chosen file, as attempts read the same
+    records (a file holding offsets past its range's chosen end fails validation, never commits)."""
     chosen: dict[tuple, RangeResult] = {}
     for result in sorted(results, key=lambda r: (r.topic, r.partition, r.start, r.reached)):
         chosen.setdefault((result.topic, result.partition, result.start), result)

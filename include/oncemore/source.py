@@ -11,9 +11,9 @@ partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped
 ``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
 ``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
 Spark redacts the secret ones.
-- ``oncemore_ingest``: records stay in Python. Each range is decoded and written to both tables'
-  files, and the task yields one manifest row per range (tasks.RangeResult): crossing into the JVM
-  costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
+- ``oncemore_ingest``: records stay in Python. Each range is decoded and written to the task's
+  files of both tables, and the task yields one manifest row per range (tasks.RangeResult):
+  crossing into the JVM costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (sink.py); each range's RangeResult goes to the part's staging area.
 
@@ -159,6 +159,16 @@ class _TaskReader(_RangeReader):
     def partitions(self) -> list[KafkaTaskPartition]:
         return [KafkaTaskPartition(ranges) for ranges in self.tasks]
 
+    @cached_property
+    def part_starts(self) -> dict[KafkaPartition, int]:
+        """Where each partition's range of the part starts: the start of its first sub-range."""
+        starts: dict[KafkaPartition, int] = {}
+        for task in self.tasks:
+            for topic, partition, start, _ in task:
+                key = KafkaPartition(topic, partition)
+                starts[key] = min(start, starts.get(key, start))
+        return starts
+
     def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
         from .kafka import range_consumer
         from .records import RangeRecords
@@ -184,17 +194,16 @@ class KafkaIngestDataSource(DataSource):
 
 
 class KafkaIngestReader(_TaskReader):
-    """Records that stay in Python: each range decoded and written to both tables' files; one
-    manifest row (a RangeResult) per range."""
+    """Records that stay in Python: each range decoded and written to the task's files of both
+    tables (tasks.TaskFiles); one manifest row (a RangeResult) per range."""
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
-        from .tasks import ingest_range, manifest_batch
+        from .tasks import ingest_ranges, manifest_batch
 
-        decoder = self.spec.decoder()
-        for records in self.ranges(task):
-            yield manifest_batch(ingest_range(records, self.spec, decoder))
+        for result in ingest_ranges(self.ranges(task), self.spec, self.spec.decoder(), self.part_starts):
+            yield manifest_batch(result)
 
 
 class KafkaRecordsDataSource(DataSource):
@@ -225,14 +234,12 @@ class KafkaRecordsReader(_TaskReader):
         if task is None:
             return
         from .staging import Staging
-        from .tasks import decode_range
+        from .tasks import RangeResult, decode_ranges
 
         staging = Staging(self.spec.quarantine_uri, self.staging, self.spec.storage_options)
         decoder = self.spec.decoder()
-        schema = decoder.schema
-        for records in self.ranges(task):
-            rows, decoding = decode_range(records, self.spec, decoder)
-            for table in rows:
-                yield from table.cast(schema).to_batches()
-            result = decoding.result()
-            staging.put(f"range-{result.topic}-{result.partition}-{result.start}", result.to_json())
+        for item in decode_ranges(self.ranges(task), self.spec, decoder, self.part_starts):
+            if isinstance(item, RangeResult):
+                staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
+            else:
+                yield from item.cast(decoder.schema).to_batches()

@@ -1,25 +1,28 @@
 """What a Spark task does with its ranges, on the executor: read each range in turn, decode it, and
 account for every record of it in a RangeResult.
 
-Two ways, one decoder and one file writer:
-- ``ingest_range`` (records stay in Python: no transform, no expectations): the good rows go to the
-  main table's files, the bad ones to the quarantine table's, and the RangeResult lists both;
-- ``decode_range`` (records go through Spark): the good rows are handed to Spark, the bad ones go
-  to the quarantine table's files, and the RangeResult (written to the part's staging area,
-  staging.py) lists those; the sink's tasks write the main table's files (sink.py).
-Either way the quarantine table keeps only rows at or after its own position (``quarantine_floors``:
-what an earlier crash between a batch's two commits already committed is not written again), a
-range may stop early at its byte budget or at the first record whose key or value was written
-with a schema ahead of the reader (``reached``, ``schema_ahead``; the rest follows in the next
-commit, once the run followed that schema), and ``records``/``quarantined``
-count every record read, so the driver knows how many a transform filtered.
+Two ways, one decoder and one file writer per table:
+- ``ingest_ranges`` (records stay in Python: no transform, no expectations): the good rows go to
+  the main table's files, the bad ones to the quarantine table's, and the RangeResults list both;
+- ``decode_ranges`` (records go through Spark): the good rows are handed to Spark, the bad ones go
+  to the quarantine table's files, and the RangeResults (written to the part's staging area,
+  staging.py) list those; the sink's tasks write the main table's files (sink.py).
+A task writes a file per table for its ranges, not one per range (``TaskFiles``): a topic of 1,000
+partitions made 1,000 files and a megabyte of Delta log per commit. The quarantine table keeps only
+rows at or after its own position (``quarantine_floors``: what an earlier crash between a batch's
+two commits already committed is not written again), a range may stop early at its byte budget or
+at the first record whose key or value was written with a schema ahead of the reader
+(``reached``, ``schema_ahead``; the rest follows in the next commit, once the run followed that
+schema), and ``records``/``quarantined`` count every record read, so the driver knows how many a
+transform filtered.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Iterator, Mapping
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -145,14 +148,57 @@ class TaskSpec:
         return TableWriter("main", self.table_uri, self.table_schema, self.partition_by, self.storage_options)
 
 
+class TaskFiles:
+    """The table writers of one Spark task's ranges, and the RangeResults that wait for their files.
+
+    The ranges that start where their partition's part starts share one main and one quarantine
+    writer, so the task writes a file per table, not one per range: the driver never drops such a
+    range (committer.covered_prefix keeps every partition's first range), so a file never holds
+    rows the commit leaves out. A later sub-range of a partition split across tasks gets writers of
+    its own: the driver drops it, and deletes its files, when an earlier sub-range stopped short.
+    """
+
+    def __init__(self, spec: TaskSpec, part_starts: Mapping[KafkaPartition, int]):
+        self.spec, self.part_starts = spec, part_starts
+        self.shared = (spec.main_writer(), spec.quarantine_writer())
+        self.held: list[RangeResult] = []
+
+    def writers(self, records: RangeRecords) -> tuple[TableWriter, TableWriter]:
+        """(main, quarantine) for a range about to be read."""
+        if records.start == self.part_starts[KafkaPartition(records.topic, records.partition)]:
+            return self.shared
+        return self.spec.main_writer(), self.spec.quarantine_writer()
+
+    def done(self, result: RangeResult, writers: tuple[TableWriter, TableWriter]) -> list[RangeResult]:
+        """The results ready for the driver once ``result``'s range is read with ``writers``: its
+        own, files included, when its writers are its own; none while the shared files are open."""
+        if writers is self.shared:
+            self.held.append(result)
+            return []
+        return [_with_files(result, writers)]
+
+    def close(self) -> list[RangeResult]:
+        """The results that waited for the shared files; the last one carries them."""
+        held, self.held = self.held, []
+        return held[:-1] + [_with_files(held[-1], self.shared)] if held else []
+
+
+def _with_files(result: RangeResult, writers: tuple[TableWriter, TableWriter]) -> RangeResult:
+    began = time.perf_counter()
+    files = tuple(f for writer in writers for f in writer.close())
+    seconds = {**result.seconds, "write": round(result.seconds.get("write", 0.0) + time.perf_counter() - began, 6)}
+    return replace(result, files=result.files + files, seconds=seconds)
+
+
 class _RangeDecoding:
     """One range's batches decoded, the bad records (those the floor lets through) written to the
     quarantine table, and the counts kept; yields the good rows."""
 
-    def __init__(self, records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder, check_partitions: bool):
+    def __init__(self, records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder, check_partitions: bool,
+                 quarantine: TableWriter):
         self.records, self.spec, self.decoder = records, spec, decoder
         self.check_partitions = check_partitions
-        self.quarantine = spec.quarantine_writer()
+        self.quarantine = quarantine
         self.floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
         self.count = self.quarantined = 0
         self.schema_ahead: str | None = None
@@ -208,29 +254,36 @@ class _RangeDecoding:
         if good.num_rows:
             yield good
 
-    def result(self, files: tuple[DataFile, ...] = ()) -> RangeResult:
+    def result(self) -> RangeResult:
+        """What the range did; its files follow from TaskFiles."""
         records = self.records
-        with self.watch.timing("write"):
-            files += tuple(self.quarantine.close())
         return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
-                           records.bytes_read, self.count, self.quarantined, files, self.schema_ahead,
+                           records.bytes_read, self.count, self.quarantined, (), self.schema_ahead,
                            {p: round(self.watch.seconds[p], 6) for p in TASK_PHASES})
 
 
-def ingest_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> RangeResult:
-    """Decodes a range's records and writes them as Parquet files into both tables."""
-    decoding = _RangeDecoding(records, spec, decoder, check_partitions=True)
-    main = spec.main_writer()
-    for good in decoding.rows():
-        with decoding.watch.timing("write"):
-            main.write(conform(good, spec.table_schema))
-    with decoding.watch.timing("write"):
-        files = tuple(main.close())
-    return decoding.result(files)
+def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
+                  part_starts: Mapping[KafkaPartition, int]) -> Iterator[RangeResult]:
+    """Decodes a task's ranges and writes their records as Parquet files into both tables."""
+    files = TaskFiles(spec, part_starts)
+    for records in ranges:
+        main, quarantine = writers = files.writers(records)
+        decoding = _RangeDecoding(records, spec, decoder, True, quarantine)
+        for good in decoding.rows():
+            with decoding.watch.timing("write"):
+                main.write(conform(good, spec.table_schema))
+        yield from files.done(decoding.result(), writers)
+    yield from files.close()
 
 
-def decode_range(records: RangeRecords, spec: TaskSpec, decoder: RecordDecoder) -> tuple[Iterator[pa.Table], _RangeDecoding]:
-    """The good rows of a range, for Spark (the quarantine rows are written meanwhile); the
-    decoding's ``result()`` once they are all taken."""
-    decoding = _RangeDecoding(records, spec, decoder, check_partitions=False)
-    return decoding.rows(), decoding
+def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
+                  part_starts: Mapping[KafkaPartition, int]) -> Iterator[pa.Table | RangeResult]:
+    """A task's good rows, for Spark, while its quarantine rows are written to files; each range's
+    RangeResult once it is ready (after its rows)."""
+    files = TaskFiles(spec, part_starts)
+    for records in ranges:
+        writers = files.writers(records)
+        decoding = _RangeDecoding(records, spec, decoder, False, writers[1])
+        yield from decoding.rows()
+        yield from files.done(decoding.result(), writers)
+    yield from files.close()
