@@ -1,6 +1,7 @@
 """What a small run costs end to end, through the CLI as a user runs it: a cold run on a fresh JVM
 (`local[*]`), the no-op rerun, the cost of each further batch of a run, and the same small run on
-a warm Spark Connect server (oncemore.devconnect) — the resident Spark of hourly pipelines.
+a warm Spark Connect server (oncemore.devconnect) — the resident Spark of hourly pipelines —
+right after another run and after a pause that outlasts the server's idle Python workers.
 
     scripts/benchmark fixed-cost [--records 100] [--batches 6] [--code DIR]
 
@@ -119,6 +120,11 @@ def main() -> None:
                 produce(broker, "remote", n, n)
                 warm = cli_run(code, work / "remote.yaml", env=remote, profile_as="warm Connect run")
                 rows.append(("run on a warm Connect server", f"{n} records", warm, "<= 3 s"))
+                # Spark stops a Python worker idle for a minute: an hourly run finds none left.
+                time.sleep(75)
+                produce(broker, "remote", 2 * n, n)
+                rows.append(("the same after 75 s idle (workers gone)", f"{n} records",
+                             cli_run(code, work / "remote.yaml", env=remote), "<= 3 s"))
                 rows.append(("no-op rerun, Connect configured", "0 records",
                              cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
             finally:

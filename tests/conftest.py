@@ -119,7 +119,7 @@ def connect_session(connect_server):
     opened one as Connect-only (SPARK_CONNECT_MODE_ENABLED, which also steers pyspark.sql.functions
     and every later session builder); at the end the sessions are stopped and the mark removed, so
     the other tests' classic session works again."""
-    from oncemore.spark import spark_session
+    from oncemore.spark import spark_session, stop_session
 
     opened = []
 
@@ -130,7 +130,7 @@ def connect_session(connect_server):
     yield open_session
     for session in opened:
         try:
-            session.stop()
+            stop_session(session)
         except Exception:  # a session of a server the test killed
             pass
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)

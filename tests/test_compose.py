@@ -66,6 +66,7 @@ def test_the_spark_connect_service_starts_the_server_the_tests_start_with_the_sa
     confs = dict(entrypoint[i + 1].split("=", 1) for i, arg in enumerate(entrypoint) if arg == "--conf")
     assert confs["spark.redaction.regex"] == SPARK_CONF_REGEX
     assert entrypoint[entrypoint.index("--master") + 1] == "spark://spark-master:7077"
+    assert confs["spark.connect.session.manager.defaultSessionTimeout"] == "3h", "hourly runs find their session"
     connection = yaml.safe_load(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_ONCEMORE_CONNECT"])
     assert connection == {"conn_type": "spark_connect", "host": "spark-connect",
                           "port": int(confs["spark.connect.grpc.binding.port"])}

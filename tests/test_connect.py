@@ -104,3 +104,70 @@ def test_a_server_restarted_between_runs_and_one_dying_mid_run_leave_every_rerun
     runner.run(pipeline, spark_factory=lambda: rerun)
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     assert held_positions(pipeline.sink.table_uri, pipeline.name, topic) == {0: 1_000, 1: 1_000, 2: 1_000}
+
+
+def test_runs_take_turns_in_this_hosts_sessions_and_a_session_the_server_closed_is_replaced(
+        broker, topic, make_pipeline, connect_session, monkeypatch, tmp_path):
+    # A reused session keeps its Python workers and the package's artifact: a run in one took
+    # 0.5 s here, a run in a new one 4 to 7 s. The transform's view `records` lives in the session.
+    from oncemore.spark import stop_session
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 2 = 0")
+    produced = []
+
+    def run_in(session, start: int) -> None:
+        produced.extend(broker.produce(topic, orders(start, 300)))
+        assert runner.run(pipeline, spark_factory=lambda: session).written == 150
+
+    first = connect_session()
+    run_in(first, 0)
+    stop_session(first)
+    second = connect_session()
+    assert second.session_id == first.session_id, "the next run reuses the session"
+    meanwhile = connect_session()  # a run while the session is taken: a session of its own
+    assert meanwhile.session_id != second.session_id
+    run_in(meanwhile, 300)
+    run_in(second, 600)
+    stop_session(meanwhile)
+    stop_session(second)
+
+    closed = connect_session()
+    assert closed.session_id == first.session_id
+    closed.release_session_on_close = True  # as the server's idle timeout does: the id is refused from now on
+    stop_session(closed)
+    replaced = connect_session()
+    assert replaced.session_id not in (first.session_id, meanwhile.session_id)
+    run_in(replaced, 900)
+
+    even = [(p, o) for p, o in produced if (p + 3 * o) % 2 == 0]  # orders() puts order i at i % 3, in order
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), even)
+
+
+def test_a_slot_session_id_joins_the_urls_own_parameters_and_no_error_shows_the_token(monkeypatch, tmp_path):
+    from pyspark.sql import SparkSession
+
+    from oncemore.errors import SparkConnectError
+    from oncemore.spark import connect_session
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    asked = []
+
+    def refuse(builder, url):
+        asked.append(url)
+        raise RuntimeError(f"cannot reach {url}")  # as PySpark's messages do, the URL quoted
+
+    monkeypatch.setattr(SparkSession.Builder, "remote", refuse)
+    for remote in ("sc://connect:15002/", "sc://connect:15002/;token=s3cr3t", "sc://connect:15002/;token=s3cr3t;user_id=etl",
+                   "sc://connect:15002/;session_id=8c7e6a3e-63a8-4cf4-9d55-45a9a0a4b1c1"):
+        with pytest.raises(SparkConnectError) as refused:
+            connect_session(remote)
+        assert "s3cr3t" not in str(refused.value) and str(refused.value).startswith(
+            "no Spark Connect session on sc://connect:15002:")
+    plain, with_token, as_user, own = asked
+    assert plain.startswith("sc://connect:15002/;session_id=")
+    assert as_user.startswith("sc://connect:15002/;token=s3cr3t;user_id=etl;session_id=")
+    assert own == "sc://connect:15002/;session_id=8c7e6a3e-63a8-4cf4-9d55-45a9a0a4b1c1", "the user's session as given"
+    session = {url: url.rsplit("session_id=", 1)[1] for url in asked}
+    assert session[plain] == session[with_token], "a token (rotated) does not change the session"
+    assert session[as_user] != session[plain], "another Spark user gets a session of its own"

@@ -154,8 +154,11 @@ def _run(pipeline: Pipeline, args) -> int:
             print(f"oncemore: Spark's output is in {spark_log}", file=sys.stderr)
         raise
     finally:
-        for session in sessions:  # on a Connect server, the session's artifacts and views go with it
-            session.stop()
+        if sessions:
+            from .spark import stop_session
+
+            for session in sessions:  # a Connect server keeps the session for this host's next run
+                stop_session(session)
     print(report.summary())
     if args.profile:
         print(as_table(report.profile, report.seconds))

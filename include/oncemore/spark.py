@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from . import classarchive
+from . import classarchive, connectslots
 from .errors import SparkConnectError
 from .redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
 
@@ -100,21 +100,56 @@ def output_to(path: Path | None) -> Iterator[None]:
 
 
 def connect_session(remote: str):
-    """A new Spark Connect session on the server at ``remote``: the package reaches the server's
-    Python workers as this session's artifact, the sources are registered for this session only."""
+    """A Spark Connect session on the server at ``remote`` for this run: the session of the first
+    free slot of this host (connectslots.py), so its Python workers and the package's artifact
+    serve run after run, or a new one (the URL names its own ``session_id``, no slot is free).
+    The package reaches the server's Python workers as the session's artifact, the sources are
+    registered for the session only. End the run's use of it with ``stop_session``."""
     from pyspark.sql import SparkSession
 
-    try:
-        spark = SparkSession.builder.remote(remote).create()
-    except Exception as exc:  # PySpark's message quotes the URL, and a URL may carry a token
-        address = remote.split("/;", 1)[0]  # sc://host:port; the parameters after it may hold a token
-        raise SparkConnectError(f"no Spark Connect session on {address}: {type(exc).__name__}",
-                                server=address) from None
-    for key, value in {**SESSION_CONF, "spark.sql.redaction.string.regex": spark_statement_regex()}.items():
-        spark.conf.set(key, value)
+    address, _, parameters = remote.partition("/;")  # sc://host:port; the parameters may hold a token
+    address = address.rstrip("/")  # the Spark provider's hook writes sc://host:port/
+    named = {p.split("=", 1)[0] for p in parameters.split(";") if p}
+    slot = None if "session_id" in named else connectslots.take_slot(
+        address + "".join(f";{p}" for p in parameters.split(";") if p.startswith("user_id=")),
+        Path(package_zip()).read_bytes())
+    for attempt in range(2):
+        url = remote if slot is None else f"{address}/;{parameters + ';' if parameters else ''}session_id={slot.session_id}"
+        try:
+            spark = SparkSession.builder.remote(url).create()
+            for key, value in {**SESSION_CONF, "spark.sql.redaction.string.regex": spark_statement_regex()}.items():
+                spark.conf.set(key, value)
+            break
+        except Exception as exc:  # PySpark's message quotes the URL, and a URL may carry a token
+            if slot is not None and attempt == 0 and "SESSION_CLOSED" in str(exc):
+                slot.next_generation()  # the server closed the slot's session (idle timeout): a new one
+                continue
+            if slot is not None:
+                slot.release()
+            raise SparkConnectError(f"no Spark Connect session on {address}: {type(exc).__name__}",
+                                    server=address) from None
+    if slot is not None:
+        spark.release_session_on_close = False  # kept on the server for the slot's next run
+        _SLOTS[id(spark)] = slot
     spark.addArtifacts(package_zip(), pyfile=True)
     register_sources(spark)
     return spark
+
+
+# The slot each Connect session of this process holds, by id(session), until stop_session.
+_SLOTS: dict[int, connectslots.Slot] = {}
+
+
+def stop_session(spark) -> None:
+    """Ends this run's use of ``spark``: a classic session stops; a Connect session in a slot stays
+    on the server for the slot's next run, its client closes and its slot is free again; any other
+    Connect session is released on the server with its artifacts and views."""
+    try:
+        spark.stop()
+    finally:
+        slot = _SLOTS.pop(id(spark), None)
+        if slot is not None:
+            slot.release()
 
 
 def register_sources(spark) -> None:

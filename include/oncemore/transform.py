@@ -146,7 +146,7 @@ def _transformed(session, records, transform):
         return _function(transform.python)(records)
     # The view is the session's: runs sharing a classic session (threads of one application) take
     # turns, and the query resolves it at once. A Spark Connect query resolves it only when it
-    # runs, so each run opens its own Connect session (spark.connect_session) and nothing shares it.
+    # runs, so a Connect session serves one run at a time (connectslots.py) and nothing shares it.
     with _VIEW:
         records.createOrReplaceTempView("records")
         shaped = session.sql(transform)

@@ -22,7 +22,7 @@ from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import check_freshness, verify_run
-from oncemore.spark import package_zip, spark_session
+from oncemore.spark import package_zip, spark_session, stop_session
 
 from oncemore_airflow.hooks import OncemoreHook
 
@@ -130,7 +130,7 @@ class OncemoreConnectIngestOperator(BaseOperator):
             report = run(pipeline, run_id=context["run_id"], plan=plan, spark_factory=session)
         finally:
             for opened in sessions:
-                opened.stop()  # the server keeps running; this session's state and artifacts go
+                stop_session(opened)  # the server keeps running, and the session for the next run
         self.log.info("%s", report.summary())
 
 
