@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset | maintain | schema``.
+"""Command line: ``oncemore run | plan | status | reset | maintain | verify | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -11,7 +11,9 @@ import logging
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from .config import (
     ConfigError, OffsetBound, Pipeline, json_schema, load_pipeline, resolve_config_path, with_kafka_overrides,
@@ -63,12 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="recorded in the commit metadata (default: generated)")
     run.add_argument("--plan-file", type=Path,
                      help="ingest the plan in this file (what `plan --json` prints) instead of planning")
-    where = run.add_mutually_exclusive_group()
-    where.add_argument("--master", help="Spark master (default: SPARK_REMOTE's server, else ONCEMORE_SPARK_MASTER, "
-                                        "else Spark's default)")
-    where.add_argument("--remote", help="a Spark Connect server, sc://host:15002 (default: SPARK_REMOTE)")
-    run.add_argument("--verbose", action="store_true",
-                     help="show Spark's own output here (by default it goes to a file, named if the run fails)")
+    _spark_options(run)
     run.add_argument("--profile", action="store_true",
                      help="print where the run's time went, per phase (planning, Spark start, read, decode, write, "
                           "commit, ...)")
@@ -90,9 +87,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
     add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables", _maintain)
+    verify = add("verify", "audit exactly-once from the tables alone: every committed offset in a table once, "
+                           "no row outside a committed range, history contiguous, positions as committed (exit 1 "
+                           "on any discrepancy)", _verify)
+    verify.add_argument("--since", type=int, metavar="VERSION",
+                        help="audit the commits from this table version on (default: every commit the log keeps)")
+    verify.add_argument("--json", action="store_true", help="the whole report, machine-readable")
+    _spark_options(verify)
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
     schema.set_defaults(handler=_schema)
     return parser
+
+
+def _spark_options(command: argparse.ArgumentParser) -> None:
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master (default: SPARK_REMOTE's server, else ONCEMORE_SPARK_MASTER, "
+                                        "else Spark's default)")
+    where.add_argument("--remote", help="a Spark Connect server, sc://host:15002 (default: SPARK_REMOTE)")
+    command.add_argument("--verbose", action="store_true",
+                         help="show Spark's own output here (by default it goes to a file, named if the command fails)")
 
 
 def _pipeline(args) -> Pipeline:
@@ -122,11 +135,12 @@ def _until(text: str) -> OffsetBound:
         raise ValueError(f"--until {exc}") from None
 
 
-def _run(pipeline: Pipeline, args) -> int:
-    from .runner import run
-
-    # Spark's own output (JVM start-up warnings, its console log, Python warnings of its
-    # libraries) goes to a file unless --verbose: the terminal shows oncemore's lines.
+@contextmanager
+def _spark_for(pipeline: Pipeline, args) -> Iterator[Callable]:
+    """A factory of the command's Spark session (``--master``/``--remote``), started only when
+    called; stopped (a Connect one kept for the next run) at the end. Spark's own output (JVM
+    start-up warnings, its console log, Python warnings of its libraries) goes to a file unless
+    --verbose, named if the command fails: the terminal shows oncemore's lines."""
     spark_log = None if args.verbose else Path(tempfile.gettempdir(), "oncemore-logs", f"{pipeline.name}-{os.getpid()}.log")
     if spark_log is not None:
         spark_log.parent.mkdir(parents=True, exist_ok=True)
@@ -146,9 +160,8 @@ def _run(pipeline: Pipeline, args) -> int:
         sessions.append(spark_session(args.master, args.remote, output=spark_log))
         return sessions[-1]
 
-    plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
     try:
-        report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
+        yield spark
     except Exception:
         if spark_log is not None and spark_log.exists():
             print(f"oncemore: Spark's output is in {spark_log}", file=sys.stderr)
@@ -159,10 +172,27 @@ def _run(pipeline: Pipeline, args) -> int:
 
             for session in sessions:  # a Connect server keeps the session for this host's next run
                 stop_session(session)
+
+
+def _run(pipeline: Pipeline, args) -> int:
+    from .runner import run
+
+    plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
+    with _spark_for(pipeline, args) as spark:
+        report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
     print(report.summary())
     if args.profile:
         print(as_table(report.profile, report.seconds))
     return 0
+
+
+def _verify(pipeline: Pipeline, args) -> int:
+    from .verify import verify
+
+    with _spark_for(pipeline, args) as spark:
+        report = verify(pipeline, spark, since=args.since)
+    print(report.to_json() if args.json else report.describe())
+    return 0 if report.ok else EXIT_FAILURE
 
 
 def _plan(pipeline: Pipeline, args) -> int:

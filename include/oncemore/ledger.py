@@ -167,10 +167,7 @@ class Ledger:
         newest = table.version()
         fs, root = self._log_store
         if limit is None:  # the whole log: the versions whose commit files are still there
-            listed = fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))
-            versions = sorted((int(i.base_name[:-5]) for i in listed
-                               if i.base_name.endswith(".json") and i.base_name[:-5].isdigit()), reverse=True)
-            versions = [v for v in versions if v <= newest]
+            versions = self.kept_versions(table)[::-1]
         else:
             versions = list(range(newest, max(-1, newest - limit), -1))
         unread = [v for v in versions if v not in self._read]
@@ -180,6 +177,15 @@ class Ledger:
         low = versions[-1] if versions else 0
         self._read = {v: e for v, e in self._read.items() if v >= low}  # a long-lived ledger keeps one window
         return [(v, *self._read[v]) for v in versions if self._read[v] is not None]
+
+    def kept_versions(self, table: DeltaTable) -> list[int]:
+        """The versions up to ``table``'s whose commit files the log still keeps (log cleanup
+        removes the oldest), oldest first."""
+        fs, root = self._log_store
+        listed = fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))
+        return sorted(v for v in (int(i.base_name[:-5]) for i in listed
+                                  if i.base_name.endswith(".json") and i.base_name[:-5].isdigit())
+                      if v <= table.version())
 
     def recent_commits(self, limit: int | None = 20, table: DeltaTable | None = None) -> list[CommitEntry]:
         """The newest oncemore commits of any pipeline among the last ``limit`` commits (None:

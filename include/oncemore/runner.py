@@ -15,7 +15,6 @@ more part. An empty plan returns before pyspark is even imported.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from .profile import RUN_PHASES, Stopwatch, one_line
 from .progress import Progress
 from .recordformat import FormatError, ReaderBehind, RecordSpec, follow, refuse, registries, resolve
 from .schema import SchemaError, check_partition_by
+from .spark import slots
 from .storage import table_location
 from .tasks import AheadRecord, RangeResult, TaskSpec
 from .transform import VERDICT_PREFIX, TransformRefused
@@ -279,14 +279,6 @@ class _Run:
         for result in results:
             if result.reached > result.start and result.bytes_read:
                 self.bytes_per_offset[result.key] = result.bytes_read / (result.reached - result.start)
-
-
-def slots(spark) -> int:
-    """How many tasks the cluster runs at once (Spark Connect has no SparkContext to ask)."""
-    try:
-        return spark.sparkContext.defaultParallelism
-    except Exception:  # Spark Connect
-        return int(spark.conf.get("spark.default.parallelism", None) or os.cpu_count() or 1)
 
 
 def _probe_options(spec: TaskSpec) -> dict[str, str]:

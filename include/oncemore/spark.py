@@ -152,11 +152,21 @@ def stop_session(spark) -> None:
             slot.release()
 
 
+def slots(spark) -> int:
+    """How many tasks the cluster runs at once (Spark Connect has no SparkContext to ask)."""
+    try:
+        return spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect
+        return int(spark.conf.get("spark.default.parallelism", None) or os.cpu_count() or 1)
+
+
 def register_sources(spark) -> None:
     from .sink import DeltaSinkDataSource
     from .source import KafkaIngestDataSource, KafkaRangeDataSource, KafkaRecordsDataSource
+    from .tablescan import CoordinatesDataSource
 
-    for source in (KafkaRangeDataSource, KafkaIngestDataSource, KafkaRecordsDataSource, DeltaSinkDataSource):
+    for source in (KafkaRangeDataSource, KafkaIngestDataSource, KafkaRecordsDataSource, DeltaSinkDataSource,
+                   CoordinatesDataSource):
         spark.dataSource.register(source)
 
 

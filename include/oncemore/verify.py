@@ -1,0 +1,288 @@
+"""``oncemore verify``: the exactly-once contract audited from a pipeline's tables alone.
+
+For the pipeline's commits in the main table's log (every one whose commit file the log keeps, or
+those from ``since``), it checks:
+1. history: per partition, each batch starts where the one before ended, or at the end of a gap
+   that batch records, or where a reset put the partition; the snapshot's positions are where the
+   last batch or reset left each partition;
+2. rows: every row of the main and the quarantine table lies in a committed range, and no
+   (topic, partition, offset) is in the tables more often than committed ranges cover it (once;
+   twice where a reset rewound the partition and the offsets were ingested again). A quarantine
+   row at or past the main table's position is *pending*, not a fault: a batch's quarantine
+   commit lands before its main commit, and the batch's next run commits the rest;
+3. counts: per commit, its rows in the main table and in the quarantine table are what its record
+   says it wrote and quarantined. Its other offsets held records a transform filtered (counted in
+   the record) or no record at all (transaction markers, aborted transactions).
+
+Invariants: it reads the ``_kafka_*`` columns of the files the snapshots list, on Spark
+(tablescan.py), so compaction and vacuum (files rewritten, rows and positions unchanged) never
+change its verdict, and it writes nothing. The main table's snapshot is read first: a batch
+committing meanwhile adds quarantine rows past the main position (pending), never main rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass, field
+
+from .commitrecord import CommitEntry
+from .config import Pipeline
+from .coordinates import KafkaPartition, flat
+from .errors import OncemoreError
+from .ledger import Ledger
+from .spark import slots
+from .tablescan import BEFORE, FOREIGN, NAME, OUTSIDE, PENDING, Coverage
+
+EXAMPLES = 5  # discrepancies named per kind
+TASK_BYTES = 128 << 20  # Parquet bytes per Spark task
+
+
+class NothingToVerify(OncemoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    kind: str  # history | position | outside | duplicate | count
+    topic: str
+    partition: int
+    start: int
+    end: int
+    versions: tuple[int, ...]
+    detail: str
+
+    def line(self) -> str:
+        versions = f" (version {', '.join(map(str, self.versions))})" if self.versions else ""
+        return f"{self.kind}: {self.topic}/{self.partition} [{self.start}, {self.end}){versions}: {self.detail}"
+
+
+@dataclass
+class VerifyReport:
+    pipeline: str
+    table_version: int
+    quarantine_version: int | None
+    commits: int  # the pipeline's commits audited
+    first_version: int | None  # the first audited
+    whole_log: bool  # the audit starts at the table's first commit
+    rows: dict[str, int] = field(default_factory=dict)  # main, quarantine, pending, before, foreign
+    offsets_without_row: int = 0  # in committed ranges: filtered, transaction markers, aborted
+    filtered: int = 0  # of which the records say a transform filtered
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # discrepancies per kind (more than listed)
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts
+
+    def add(self, found: Discrepancy) -> None:
+        self.counts[found.kind] = self.counts.get(found.kind, 0) + 1
+        if sum(d.kind == found.kind for d in self.discrepancies) < EXAMPLES:
+            self.discrepancies.append(found)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "ok": self.ok}, indent=2)
+
+    def describe(self) -> str:
+        audited = ("every commit of the log" if self.whole_log else
+                   f"the commits from version {self.first_version} on" if self.first_version is not None else "no commit")
+        lines = [f"{self.pipeline}: {'OK' if self.ok else 'FAILED'}: {self.commits} commits audited ({audited}), "
+                 f"table version {self.table_version}, quarantine version {self.quarantine_version}",
+                 f"  rows: {self.rows.get('main', 0)} in the table, {self.rows.get('quarantine', 0)} quarantined, "
+                 f"{self.rows.get('pending', 0)} quarantined for a batch still to commit, "
+                 f"{self.rows.get('before', 0)} before the audited commits",
+                 f"  offsets of committed ranges without a row: {self.offsets_without_row} "
+                 f"({self.filtered} filtered by the transform, the rest transaction markers or aborted records)"]
+        for kind, count in sorted(self.counts.items()):
+            lines.append(f"  {count} {kind} discrepanc{'y' if count == 1 else 'ies'}:")
+            lines += [f"    {d.line()}" for d in self.discrepancies if d.kind == kind]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A stretch of one partition's offsets that the same commits cover."""
+
+    partition: KafkaPartition
+    start: int
+    end: int
+    versions: tuple[int, ...]
+
+
+def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> VerifyReport:
+    """Audits ``pipeline``'s tables (module docstring); ``spark_factory()`` gives the session."""
+    options = pipeline.sink.storage_options
+    main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
+    table = main.snapshot()
+    if table is None:
+        raise NothingToVerify(f"pipeline {pipeline.name}: no table at {pipeline.sink.table_uri} yet")
+    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
+    quarantine_table = quarantine.snapshot()
+    kept = main.kept_versions(table)
+    history = sorted(main.recent_batches(None, table), key=lambda e: e.version)
+    audited = [e for e in history if since is None or e.version >= since]
+    whole_log = since is None and bool(kept) and kept[0] == 0
+    report = VerifyReport(pipeline.name, table.version(), quarantine_table.version() if quarantine_table else None,
+                          len(audited), audited[0].version if audited else None, whole_log)
+
+    left = _walk(history, report)
+    held = main.positions(left, table)
+    for p, (position, version) in sorted(left.items()):
+        if position is not None and held[p] != position:
+            report.add(Discrepancy("position", p.topic, p.partition, min(position, held[p] or 0),
+                                   max(position, held[p] or 0), (version,),
+                                   f"the snapshot holds position {held[p]}, the last commit left {position}"))
+
+    topics = {p.topic for e in history for p in e.record.partition_ranges()} | set(pipeline.source.topic_names or ())
+    pieces, coverage = _coverage(audited, held, whole_log, topics)
+    files = _files(False, table, pipeline.sink.table_uri)
+    if quarantine_table is not None:
+        files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
+    if files:
+        _audit_rows(spark_factory(), files, coverage, pieces, audited, options, report)
+    return report
+
+
+def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartition, tuple[int | None, int]]:
+    """Checks each partition's batches follow on (history, item 1); where each partition was left,
+    by which version."""
+    left: dict[KafkaPartition, tuple[int | None, int]] = {}
+    for entry in history:
+        record, version = entry.record, entry.version
+        if record.reset is not None:
+            for p, to in flat(record.reset.to_positions).items():
+                left[p] = (to, version)
+        for p, (start, end) in sorted(record.partition_ranges().items()):
+            position, previous = left.get(p, (None, None))
+            skipped = any((g.topic, g.partition, g.start, g.end) == (p.topic, p.partition, position, start)
+                          for g in record.gaps)
+            if position is not None and start != position and not skipped:
+                report.add(Discrepancy("history", p.topic, p.partition, min(start, position), max(start, position),
+                                       (previous, version), f"commit {version} starts at {start}, where commit "
+                                                            f"{previous} left the partition at {position}"))
+            left[p] = (end, version)
+    return left
+
+
+def _coverage(audited: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
+    """The audited ranges cut into pieces each covered by the same commits, numbered; what the
+    table scan needs to place each row in one."""
+    ranges: dict[KafkaPartition, list[tuple[int, int, int]]] = {}
+    for entry in audited:
+        for p, (start, end) in entry.record.partition_ranges().items():
+            if start < end:
+                ranges.setdefault(p, []).append((start, end, entry.version))
+    pieces: dict[int, _Piece] = {}
+    partitions = {}
+    for p in set(ranges) | set(held):
+        spans = ranges.get(p, [])
+        bounds = sorted({b for start, end, _ in spans for b in (start, end)})
+        covering: list[list[int]] = [[] for _ in bounds[1:]]
+        for start, end, version in spans:
+            for k in range(bisect.bisect_left(bounds, start), bisect.bisect_left(bounds, end)):
+                covering[k].append(version)
+        segments = []
+        for k, versions in enumerate(covering):
+            if versions:
+                segments.append(len(pieces))
+                pieces[len(pieces)] = _Piece(p, bounds[k], bounds[k + 1], tuple(versions))
+            else:
+                segments.append(OUTSIDE)
+        # Below the first audited range, unless the whole log is audited: rows of commits not read.
+        start = None if whole_log else min((s for s, _, _ in spans), default=held.get(p))
+        partitions[str(p)] = {"bounds": bounds, "segments": segments, "start": start, "position": held.get(p)}
+    return pieces, Coverage(partitions, tuple(sorted(topics)), whole_log)
+
+
+def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, int]]:
+    actions = table.get_add_actions(flatten=False)
+    import pyarrow as pa
+
+    actions = pa.table(actions).to_pydict()
+    if "deletionVector" in actions and any(dv is not None for dv in actions["deletionVector"]):
+        raise OncemoreError(f"{table_uri}: files with deletion vectors (rows deleted by another engine): oncemore "
+                            "verify reads Parquet files whole and cannot tell which rows are deleted")
+    values = actions.get("partition_values") or [None] * len(actions["path"])
+    return [(quarantine, table_uri, path, {k: v for k, v in (parts or {}).items()}, size)
+            for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
+
+
+def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
+                storage_options, report: VerifyReport) -> None:
+    from pyspark.sql import functions as F
+
+    tasks = _tasks(files, slots(spark))
+    reader = spark.read.format(NAME).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())
+    for key, value in (storage_options or {}).items():
+        reader = reader.option(f"storage.{key}", value)
+    rows = reader.load()
+    per_offset = rows.groupBy("segment", "topic", "partition", "offset").agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("quarantine"), 0).otherwise(1)).alias("main"))
+    per_piece = {r["segment"]: r for r in per_offset.groupBy("segment").agg(
+        F.sum("main").alias("main"), F.sum("n").alias("rows"), F.count(F.lit(1)).alias("offsets"),
+        F.max("n").alias("most")).collect()}
+
+    def rows_of(code: int) -> int:
+        return per_piece[code]["rows"] if code in per_piece else 0
+
+    report.rows = {"main": sum(r["main"] for s, r in per_piece.items() if s >= 0),
+                   "quarantine": sum(r["rows"] - r["main"] for s, r in per_piece.items() if s >= 0),
+                   "pending": rows_of(PENDING), "before": rows_of(BEFORE), "foreign": rows_of(FOREIGN)}
+    if rows_of(OUTSIDE):
+        for r in rows.filter(F.col("segment") == OUTSIDE).orderBy("topic", "partition", "offset").limit(
+                5).collect():
+            report.add(Discrepancy("outside", r["topic"], r["partition"], r["offset"], r["offset"] + 1, (),
+                                   f"a row in the {'quarantine' if r['quarantine'] else 'main'} table, in no "
+                                   "committed range"))
+        report.counts["outside"] = rows_of(OUTSIDE)
+
+    doubled = [s for s, r in per_piece.items() if s >= 0 and r["most"] > len(pieces[s].versions)]
+    if doubled:
+        found = per_offset.filter(F.col("segment").isin(doubled) & (F.col("n") > 1)).orderBy(
+            "topic", "partition", "offset").limit(50).collect()
+        for r in [r for r in found if r["n"] > len(pieces[r["segment"]].versions)][:5]:
+            piece = pieces[r["segment"]]
+            report.add(Discrepancy("duplicate", r["topic"], r["partition"], r["offset"], r["offset"] + 1,
+                                   piece.versions, f"in the tables {r['n']} times ({r['main']} in the main table), "
+                                                   f"committed {len(piece.versions)} time(s)"))
+        report.counts["duplicate"] = sum(per_piece[s]["rows"] - per_piece[s]["offsets"] for s in doubled)
+
+    _check_counts(audited, pieces, per_piece, report)
+
+
+def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, report: VerifyReport) -> None:
+    """Per commit whose offsets no other commit covers: rows in each table as its record says."""
+    by_version: dict[int, list[int]] = {}
+    for s, piece in pieces.items():
+        for version in piece.versions:
+            by_version.setdefault(version, []).append(s)
+    for entry in audited:
+        record = entry.record
+        ranges = record.partition_ranges()
+        report.filtered += record.records.get("filtered", 0)
+        mine = by_version.get(entry.version, [])
+        if any(len(pieces[s].versions) > 1 for s in mine):
+            continue  # offsets ingested again after a rewinding reset: counted per offset above
+        main = sum(per_piece[s]["main"] for s in mine if s in per_piece)
+        quarantined = sum(per_piece[s]["rows"] - per_piece[s]["main"] for s in mine if s in per_piece)
+        report.offsets_without_row += sum(e - s for s, e in ranges.values()) - main - quarantined
+        for what, found, stated in (("main", main, record.records.get("written", 0)),
+                                    ("quarantine", quarantined, record.records.get("quarantined", 0))):
+            if found != stated:
+                p, (start, end) = min(ranges.items())
+                report.add(Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
+                                       f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) "
+                                       f"has {found} rows in the {what} table, its record says {stated}"))
+
+
+def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict]]]:
+    """The files in about as many tasks as slots, or TASK_BYTES each, whichever is more, by size."""
+    total = sum(f[4] for f in files)
+    count = min(len(files), max(slots, -(-total // TASK_BYTES)))
+    tasks: list[list] = [[] for _ in range(count)]
+    load = [0] * count
+    for quarantine, root, path, values, size in sorted(files, key=lambda f: -f[4]):
+        lightest = load.index(min(load))
+        tasks[lightest].append((quarantine, root, path, values))
+        load[lightest] += size
+    return [t for t in tasks if t]

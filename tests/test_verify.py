@@ -1,0 +1,172 @@
+"""``oncemore verify`` audits exactly-once from the tables alone: an exact table verifies (through
+compaction and vacuum, on S3, after a rewinding reset, with a batch half committed), and every kind
+of fault planted in one is named with its topic, partition, offsets and versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from oncemore import runner
+from oncemore.config import OffsetBound
+from oncemore.ledger import app_id
+from oncemore.maintenance import maintain
+from oncemore.verify import verify
+
+from conftest import ROOT, orders, read_pairs
+from test_ingest import oncemore_commits
+
+pytestmark = pytest.mark.spark
+
+
+def malformed_every(records, step: int):
+    return [(p, k, b"{not json" if i % step == 0 else v, h) for i, (p, k, v, h) in enumerate(records)]
+
+
+def test_an_exact_table_verifies_through_compaction_and_vacuum_and_the_cli_says_so(broker, topic, make_pipeline, spark):
+    produced = broker.produce(topic, malformed_every(orders(0, 1_500), 50))
+    produced += broker.produce(topic, orders(1_500, 300), transactional_id="verify")  # markers hold offsets
+    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 7 <> 0",
+                             limits={"max_records_per_commit": 500})
+    run = runner.run(pipeline, spark_factory=lambda: spark)
+    bad = len(range(0, 1_500, 50))
+    assert run.quarantined == bad and len(oncemore_commits(pipeline.sink.table_uri)) >= 4
+
+    report = verify(pipeline, lambda: spark)
+
+    assert report.ok, report.describe()
+    assert report.whole_log and report.commits == len(oncemore_commits(pipeline.sink.table_uri))
+    assert report.rows["main"] == run.written == len(read_pairs(pipeline.sink.table_uri))
+    assert report.rows["quarantine"] == bad and report.rows["pending"] == report.rows["before"] == 0
+    filtered = 1_800 - run.written - bad
+    assert report.filtered == filtered and report.offsets_without_row == filtered + 3, "3 partitions, 1 marker each"
+
+    maintain(pipeline)  # compaction rewrites every file; vacuum then deletes the old ones
+    for uri in (pipeline.sink.table_uri, pipeline.sink.quarantine_uri):
+        DeltaTable(uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    assert len(DeltaTable(pipeline.sink.table_uri).file_uris()) == 1
+    again = verify(pipeline, lambda: spark)
+    assert again.ok and (again.rows, again.offsets_without_row) == (report.rows, report.offsets_without_row)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    command = [sys.executable, "-m", "oncemore.cli", "verify", "--config", pipeline.origin, "--master", "local[1]"]
+    said = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert said.returncode == 0, said.stderr[-3000:]
+    assert said.stdout.startswith(f"orders: OK: {report.commits} commits audited (every commit of the log)")
+    as_json = json.loads(subprocess.run(command + ["--json"], env=env, capture_output=True, text=True,
+                                        timeout=600, check=True).stdout)
+    assert as_json["ok"] is True and as_json["rows"] == report.rows
+
+
+def test_duplicated_lost_and_stray_rows_a_broken_history_and_a_moved_position_are_named(
+        broker, topic, make_pipeline, spark, tmp_path):
+    broker.produce(topic, orders(0, 600))
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 300})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    uri = pipeline.sink.table_uri
+    rows = DeltaTable(uri).to_pyarrow_table()
+
+    def row(partition: int, offset: int) -> pa.Table:
+        return rows.filter(pc.and_(pc.equal(rows["_kafka_partition"], partition), pc.equal(rows["_kafka_offset"], offset)))
+
+    stray = row(2, 10)
+    at = stray.schema.get_field_index("_kafka_offset")
+    stray = stray.set_column(at, stray.schema.field(at), pa.array([10_000], pa.int64()))
+    write_deltalake(uri, pa.concat_tables([row(1, 150), stray]), mode="append")  # a duplicate, a row past every range
+    DeltaTable(uri).delete("_kafka_partition = 0 AND _kafka_offset = 3")  # a lost row
+    table = DeltaTable(uri)
+    table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=CommitProperties(
+        app_transactions=[Transaction(app_id("orders", topic, 1), 150)]))  # a position moved behind the log's back
+
+    report = verify(pipeline, lambda: spark)
+
+    assert not report.ok
+    found = {d.kind: d for d in report.discrepancies}
+    assert set(found) == {"duplicate", "outside", "count", "position"}, report.describe()
+    assert (found["duplicate"].topic, found["duplicate"].partition, found["duplicate"].start) == (topic, 1, 150)
+    assert (found["outside"].partition, found["outside"].start, found["outside"].end) == (2, 10_000, 10_001)
+    assert found["position"].line() == (f"position: {topic}/1 [150, 200) (version {found['position'].versions[0]}): "
+                                        "the snapshot holds position 150, the last commit left 200")
+    counts = [d for d in report.discrepancies if d.kind == "count"]
+    assert {d.detail.split(" has ")[1] for d in counts} == {"299 rows in the main table, its record says 300",
+                                                            "301 rows in the main table, its record says 300"}
+    assert report.counts["duplicate"] == 1 and report.counts["outside"] == 1
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    said = subprocess.run([sys.executable, "-m", "oncemore.cli", "verify", "--config", pipeline.origin,
+                           "--master", "local[1]"], env=env, capture_output=True, text=True, timeout=600)
+    assert said.returncode == 1 and said.stdout.startswith("orders: FAILED"), said.stderr[-3000:]
+    assert f"duplicate: {topic}/1 [150, 151)" in said.stdout
+
+
+def test_a_batch_that_skips_offsets_without_recording_a_gap_breaks_the_history(broker, topic, make_pipeline, spark):
+    from oncemore.committer import commit
+    from oncemore.commitrecord import CommitRecord
+    from oncemore.coordinates import KafkaPartition
+    from oncemore.ledger import Ledger
+
+    broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    (first, _), = oncemore_commits(pipeline.sink.table_uri)
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
+    keys = [KafkaPartition(topic, p) for p in range(3)]
+    held = ledger.positions(keys)
+    p0 = keys[0]
+    record = CommitRecord(pipeline="orders", run_id="skipper", ranges={topic: {"0": [held[p0] + 5, held[p0] + 5]}},
+                          records={"written": 0, "quarantined": 0, "filtered": 0})
+    version = commit(ledger, [], {p0: held[p0]}, {p0: held[p0] + 5}, keys, record).version
+
+    report = verify(pipeline, lambda: spark)
+
+    assert [d.line() for d in report.discrepancies] == [
+        f"history: {topic}/0 [100, 105) (version {first}, {version}): commit {version} starts at 105, where commit "
+        f"{first} left the partition at 100"]
+
+
+def test_a_half_committed_batch_is_pending_and_a_rewound_partition_is_ingested_twice_by_right(
+        broker, topic, make_pipeline, spark, crash_before_main_commit):
+    from oncemore.reset import reset
+
+    records = orders(0, 900)
+    records[10] = (records[10][0], records[10][1], b"{broken", None)
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic)
+    crash_before_main_commit(pipeline, spark)
+
+    pending = verify(pipeline, lambda: spark)
+    assert pending.ok and pending.rows["pending"] == 1 and pending.commits == 0, pending.describe()
+
+    runner.run(pipeline, spark_factory=lambda: spark)
+    reset(pipeline, OffsetBound.parse('{"1": 100}'))  # partition 1 ingested again from offset 100
+    runner.run(pipeline, spark_factory=lambda: spark)
+    twice = [(p, o) for p, o in produced if p == 1 and o >= 100]
+    assert len(read_pairs(pipeline.sink.table_uri)) == 899 + len(twice)
+
+    report = verify(pipeline, lambda: spark)
+
+    assert report.ok, report.describe()
+    assert (report.rows["main"], report.rows["quarantine"], report.rows["pending"]) == (899 + len(twice), 1, 0)
+
+
+def test_a_table_on_s3_verifies_and_a_planted_duplicate_fails_it(broker, topic, make_pipeline, spark, s3_server, s3_bucket):
+    produced = broker.produce(topic, orders(0, 600))
+    pipeline = make_pipeline(topic, sink={"table_uri": f"{s3_bucket}/delta/orders",
+                                          "quarantine_uri": f"{s3_bucket}/delta/orders_quarantine",
+                                          "storage_options": s3_server.storage_options()})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    report = verify(pipeline, lambda: spark)
+    assert report.ok and report.rows["main"] == len(produced), report.describe()
+
+    options = pipeline.sink.storage_options
+    rows = DeltaTable(pipeline.sink.table_uri, storage_options=options).to_pyarrow_table()
+    write_deltalake(pipeline.sink.table_uri, rows.slice(0, 1), mode="append", storage_options=options)
+    failed = verify(pipeline, lambda: spark)
+    assert failed.counts.get("duplicate") == 1 and not failed.ok
