@@ -6,7 +6,8 @@ faithful test broker, in one run:
   and task sizes, not the range;
 - the same records on Spark ``local[1]`` and ``local[2]`` (warm sessions): the speed-up;
 - a topic of 1,000 partitions: planning time, commit time and the bytes each commit adds to the
-  Delta log, for the first run and for a run that moves 10 of the 1,000 partitions.
+  Delta log, for the first run and for a run that moves 10 of the 1,000 partitions;
+- ``oncemore verify`` of the 10 M-record table: rows per second.
 
     scripts/benchmark scale [--small 1000000] [--large 10000000] [--partitions 1000]
 
@@ -28,6 +29,7 @@ import psutil
 from oncemore import devbroker, runner
 from oncemore.planner import plan_run
 from oncemore.spark import spark_session
+from oncemore.verify import verify
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import make_records, pipeline_for  # noqa: E402  (the same records and pipeline)
@@ -93,6 +95,12 @@ def memory(broker, work: str, small: int, large: int) -> None:
         print(f"  {size:>11,} records, {len(report.batches)} batch(es), {seconds:.1f}s: driver peak "
               f"{peak.driver / MIB:,.0f} MiB (Python + JVM), Python workers peak {peak.workers / MIB:,.0f} MiB "
               f"in all, {peak.worker / MIB:,.0f} MiB the largest", flush=True)
+    began = time.perf_counter()
+    verified = verify(pipeline, lambda: spark)
+    seconds = time.perf_counter() - began
+    rows = verified.rows["main"] + verified.rows["quarantine"]
+    print(f"oncemore verify of the {size:,}-record table ({verified.commits} commits): {'OK' if verified.ok else 'FAILED'}, "
+          f"{rows:,} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s, local[2]", flush=True)
     spark.stop()
 
 
