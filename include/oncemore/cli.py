@@ -31,7 +31,9 @@ EXIT_FAILURE, EXIT_USAGE = 1, 2
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # A line per gateway call or registry request (confluent-kafka's client logs through httpx2) is not oncemore's.
+    for chatty in ("py4j", "httpx", "httpx2"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     logging.getLogger(CLIENT_LOG.name).setLevel(logging.CRITICAL)
     try:
         pipeline = _pipeline(args) if "pipeline" in args else None
