@@ -89,7 +89,7 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
     (error,) = bag.import_errors.values()
     assert f"{tmp_path / 'broken.yaml'}: source.topic: Input should be a valid string" in error
     assert (f"{tmp_path / 'typo.yaml'}: maintenance.schedul: unknown key (allowed: schedule, target_file_size_mb, "
-            "vacuum_retention_hours)") in error
+            "vacuum_retention_hours, verify)") in error
 
 
 def test_rerun_of_an_interval_is_a_noop_that_skips_spark(airflow_db, broker, topic, make_pipeline):
@@ -348,3 +348,41 @@ def test_the_maintenance_dag_maintains_the_tables(airflow_db, broker, topic, mak
     assert run.state == "success" and states(run) == {"maintain": "success"}
     assert len(DeltaTable(pipeline.sink.table_uri).file_uris()) < files
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+def test_the_maintenance_dag_verifies_on_its_schedule_and_the_page_shows_the_last_result(
+        airflow_db, broker, topic, make_pipeline):
+    from deltalake import write_deltalake
+
+    from oncemore.overview import pipeline_overview
+    from oncemore.verify import last_result
+    from oncemore_airflow.operators import verify_due
+
+    broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic, airflow=airflow_section(), limits={"max_records_per_commit": 100},
+                             maintenance={"schedule": "0 4 * * *", "verify": "0 4 * * 0"})
+    dag = build_maintenance_dag(pipeline)
+    assert [t.task_id for t in dag.tasks] == ["maintain", "verify"] and dag.get_task("maintain").downstream_task_ids == {"verify"}
+    assert build_maintenance_dag(make_pipeline(topic, name="plain", airflow=airflow_section(),
+                                               maintenance={"schedule": "0 4 * * *"})).task_ids == ["maintain"]
+    sunday = datetime(2026, 11, 22, 4, 0, tzinfo=timezone.utc)
+    assert verify_due("0 4 * * 0", sunday - 24 * HOUR, sunday) is False, "the interval ends just before Sunday 04:00"
+    assert verify_due("0 4 * * 0", sunday, sunday + 24 * HOUR) is True
+    assert build_dag(pipeline).test(logical_date=T0 + HOUR, run_conf={"until": "latest"}).state == "success"
+
+    run = dag.test(logical_date=T0 + 24 * HOUR)  # by hand: verified whatever the schedule
+
+    assert run.state == "success" and states(run) == {"maintain": "success", "verify": "success"}, states(run)
+    recorded = last_result(pipeline)
+    assert recorded["ok"] is True and recorded["rows"]["main"] == 300 and recorded["summary"].startswith("orders: OK")
+    shown = pipeline_overview(pipeline)["verified"]
+    assert shown["ok"] is True and shown["first"] is None and shown["at"] == recorded["at"]
+
+    rows = DeltaTable(pipeline.sink.table_uri).to_pyarrow_table()
+    write_deltalake(pipeline.sink.table_uri, rows.slice(0, 1), mode="append")  # a duplicate
+
+    failed = dag.test(logical_date=T0 + 48 * HOUR)
+
+    assert states(failed) == {"maintain": "success", "verify": "failed"}
+    shown = pipeline_overview(pipeline)["verified"]
+    assert shown["ok"] is False and shown["first"].startswith(f"duplicate: {topic}/"), shown

@@ -171,10 +171,14 @@ def test_a_backfill_created_in_the_ui_ingests_exactly_its_intervals_and_its_reru
     assert_exactly_once(read_pairs(table_uri) + read_pairs(pipeline.sink.quarantine_uri), first_two_hours)
 
 
-def test_the_oncemore_page_shows_the_ledger(clicks, page):
+def test_the_oncemore_page_shows_the_ledger(clicks, page, spark):
+    from oncemore.verify import record_result, verify
+
     services, pipeline, _, _ = clicks
     ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
     assert ledger.snapshot() is not None, "runs after the backfill test"
+    verified = verify(pipeline, lambda: spark)
+    record_result(pipeline, verified)  # as the maintenance DAG's verify task does
     admin = kafka.admin_client(pipeline)
     partitions = kafka.describe_source(admin, pipeline).partitions
     positions, bounds = ledger.positions(partitions), kafka.log_bounds(admin, pipeline, partitions)
@@ -196,6 +200,8 @@ def test_the_oncemore_page_shows_the_ledger(clicks, page):
     assert shown.first.get_attribute("data-version") == str(newest[0])
     assert shown.first.locator("td.run-id").inner_text() == newest[1].run_id
     assert int(shown.first.locator("td.written").inner_text()) == newest[1].records["written"]
+    assert verified.ok and section.locator("p.verified").inner_text().startswith("verified at ")
+    assert f"{pipeline.name}: OK: {verified.commits} commits audited" in section.locator("p.verified").inner_text()
     screenshot(page, "oncemore-page.png")
 
 

@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--since", type=int, metavar="VERSION",
                         help="audit the commits from this table version on (default: every commit the log keeps)")
     verify.add_argument("--json", action="store_true", help="the whole report, machine-readable")
+    verify.add_argument("--record", action="store_true",
+                        help="keep the result beside the table for the oncemore page (the maintenance DAG's verify "
+                             "task does)")
     _spark_options(verify)
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
     schema.set_defaults(handler=_schema)
@@ -189,10 +192,12 @@ def _run(pipeline: Pipeline, args) -> int:
 
 
 def _verify(pipeline: Pipeline, args) -> int:
-    from .verify import verify
+    from .verify import record_result, verify
 
     with _spark_for(pipeline, args) as spark:
         report = verify(pipeline, spark, since=args.since)
+    if args.record:
+        record_result(pipeline, report)
     print(report.to_json() if args.json else report.describe())
     return 0 if report.ok else EXIT_FAILURE
 

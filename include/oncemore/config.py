@@ -385,13 +385,16 @@ VACUUM_RETENTION_FLOOR_HOURS = 24
 class Maintenance(_Model):
     """Table upkeep (``oncemore maintain``), run by the pipeline's maintenance DAG on ``schedule``:
     compaction of small files, a checkpoint, and vacuum of files no version within the retention
-    still needs."""
+    still needs; and, on ``verify``'s schedule, the audit of the tables (``oncemore verify``)."""
 
     schedule: Cron = Field(default="30 3 * * *", description="5-field cron")
     target_file_size_mb: Positive = Field(default=128, description="compaction rewrites smaller files into files of about this size")
     vacuum_retention_hours: StrictInt = Field(
         default=168, ge=VACUUM_RETENTION_FLOOR_HOURS,
         description=f"files no version needs and older than this are deleted (at least {VACUUM_RETENTION_FLOOR_HOURS})")
+    verify: Literal["off"] | Cron = Field(
+        default="off", description="off, or a 5-field cron: a maintenance run whose interval holds one of its times "
+                                   "also runs `oncemore verify` (on spark_conn_id) and fails on a discrepancy")
 
 
 class Alert(_Model):

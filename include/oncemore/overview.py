@@ -21,6 +21,7 @@ from .config import Pipeline, format_timestamp_ms
 from .ledger import CommitEntry, Ledger
 from .report import status
 from .storage import filesystem
+from .verify import Discrepancy, last_result
 
 HISTORY_COMMITS = 500
 BATCHES_SHOWN = 20
@@ -60,6 +61,7 @@ def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool
     data["last_commit"] = _batch(history[0]) if history else None
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
+    data["verified"] = _verified(pipeline)
     if detail:
         data["per_hour"] = per_hour(history)
         data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
@@ -67,6 +69,16 @@ def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool
                                     for e in reversed(history) if e.record.log_end]
         data["quarantine_sample"] = quarantine_sample(pipeline, quarantine)
     return data
+
+
+def _verified(pipeline: Pipeline) -> dict[str, Any] | None:
+    """The last recorded ``oncemore verify`` (verify.py): when, its verdict line, the first discrepancy."""
+    result = last_result(pipeline)
+    if result is None:
+        return None
+    first = result["discrepancies"][0] if result["discrepancies"] else None
+    return {"ok": result["ok"], "at": result["at"], "summary": result["summary"],
+            "first": Discrepancy(**{**first, "versions": tuple(first["versions"])}).line() if first else None}
 
 
 def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:

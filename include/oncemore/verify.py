@@ -24,17 +24,25 @@ from __future__ import annotations
 
 import bisect
 import json
+import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from .commitrecord import CommitEntry
-from .config import Pipeline
+from .config import Pipeline, format_timestamp_ms
 from .coordinates import KafkaPartition, flat
 from .errors import OncemoreError
 from .ledger import Ledger
 from .spark import slots
-from .tablescan import BEFORE, FOREIGN, NAME, OUTSIDE, PENDING, Coverage
+from .storage import filesystem
+
+if TYPE_CHECKING:  # tablescan imports PySpark: the oncemore page reads results without it
+    from .tablescan import Coverage
 
 EXAMPLES = 5  # discrepancies named per kind
+# The last recorded result, for the oncemore page: beside the main table's log, in a directory
+# Delta readers and vacuum ignore (its name starts with "_").
+RESULT_PATH = "_oncemore/verify.json"
 TASK_BYTES = 128 << 20  # Parquet bytes per Spark task
 
 
@@ -143,6 +151,25 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
     return report
 
 
+def record_result(pipeline: Pipeline, report: VerifyReport) -> None:
+    """Keeps ``report`` as the pipeline's last verification (``last_result``), stamped now."""
+    fs, root = filesystem(pipeline.sink.table_uri, pipeline.sink.storage_options)
+    fs.create_dir(f"{root}/{RESULT_PATH.rsplit('/', 1)[0]}", recursive=True)
+    with fs.open_output_stream(f"{root}/{RESULT_PATH}") as out:
+        out.write(json.dumps({**json.loads(report.to_json()), "at": format_timestamp_ms(int(time.time() * 1000)),
+                              "summary": report.describe().splitlines()[0]}).encode())
+
+
+def last_result(pipeline: Pipeline) -> dict | None:
+    """The pipeline's last recorded verification (None: never recorded)."""
+    fs, root = filesystem(pipeline.sink.table_uri, pipeline.sink.storage_options)
+    try:
+        with fs.open_input_stream(f"{root}/{RESULT_PATH}") as source:
+            return json.loads(source.read())
+    except FileNotFoundError:
+        return None
+
+
 def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartition, tuple[int | None, int]]:
     """Checks each partition's batches follow on (history, item 1); where each partition was left,
     by which version."""
@@ -167,6 +194,8 @@ def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartiti
 def _coverage(audited: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
     """The audited ranges cut into pieces each covered by the same commits, numbered; what the
     table scan needs to place each row in one."""
+    from .tablescan import OUTSIDE, Coverage
+
     ranges: dict[KafkaPartition, list[tuple[int, int, int]]] = {}
     for entry in audited:
         for p, (start, end) in entry.record.partition_ranges().items():
@@ -210,6 +239,8 @@ def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str
 def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
                 storage_options, report: VerifyReport) -> None:
     from pyspark.sql import functions as F
+
+    from .tablescan import BEFORE, FOREIGN, NAME, OUTSIDE, PENDING
 
     tasks = _tasks(files, slots(spark))
     reader = spark.read.format(NAME).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())

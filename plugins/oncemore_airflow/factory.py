@@ -1,5 +1,6 @@
 """DAGs per pipeline config: ``oncemore__<pipeline>`` (plan >> ingest >> report) and, for a
-pipeline with a ``maintenance`` block, ``oncemore_maintain__<pipeline>`` (maintain)."""
+pipeline with a ``maintenance`` block, ``oncemore_maintain__<pipeline>`` (maintain, then verify
+when ``maintenance.verify`` sets its schedule)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from oncemore.storage import table_location
 
 from oncemore_airflow.operators import (
     OncemoreConnectIngestOperator, OncemoreIngestOperator, OncemoreMaintainOperator, OncemorePlanOperator,
-    OncemoreReportOperator,
+    OncemoreReportOperator, OncemoreVerifyOperator,
 )
 
 UNTIL_PATTERN = r"^\s*(latest|\d{4}-\d{2}-\d{2}[T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?|\{.*\})\s*$"
@@ -97,10 +98,17 @@ def build_maintenance_dag(pipeline: Pipeline) -> DAG:
         doc_md=(f"### oncemore maintenance of `{pipeline.name}`\n\nCompacts small files into files of about "
                 f"{pipeline.maintenance.target_file_size_mb} MB, writes a checkpoint and vacuums files older than "
                 f"{pipeline.maintenance.vacuum_retention_hours} h in `{pipeline.sink.table_uri}` and its quarantine "
-                f"table. Positions (txn actions) are kept; ingestion may run at the same time."),
+                f"table. Positions (txn actions) are kept; ingestion may run at the same time."
+                + (f"\n\nOn `{pipeline.maintenance.verify}`, `verify` audits exactly-once from the tables "
+                   "(`oncemore verify`) and fails on a discrepancy." if pipeline.maintenance.verify != "off" else "")),
     ) as dag:
-        OncemoreMaintainOperator(task_id="maintain", config_path=str(Path(pipeline.origin).resolve()),
-                                 kafka_conn_id=settings.kafka_conn_id)
+        maintain = OncemoreMaintainOperator(task_id="maintain", config_path=str(Path(pipeline.origin).resolve()),
+                                            kafka_conn_id=settings.kafka_conn_id)
+        if pipeline.maintenance.verify != "off":
+            maintain >> OncemoreVerifyOperator(
+                task_id="verify", config_path=str(Path(pipeline.origin).resolve()),
+                verify_cron=pipeline.maintenance.verify, conn_id=settings.spark_conn_id,
+                name=f"oncemore-verify-{pipeline.name}")
     return dag
 
 

@@ -1,5 +1,5 @@
 """Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit, or a session on a Spark
-Connect server) >> report; and the maintenance DAG's maintain.
+Connect server) >> report; and the maintenance DAG's maintain (>> verify).
 
 Thin: the work is the core package's; these only bind it to a run's context.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import tempfile
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from airflow.sdk.exceptions import AirflowSkipException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from croniter import croniter
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.log import mask_secret
@@ -22,11 +24,13 @@ from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
 from oncemore.report import check_freshness, verify_run
+from oncemore.verify import last_result
 from oncemore.spark import package_zip, spark_session, stop_session
 
 from oncemore_airflow.hooks import OncemoreHook
 
 SPARK_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest.py"
+VERIFY_JOB = SPARK_JOB.with_name("verify.py")
 PLAN_XCOM_KEY = "plan"
 
 
@@ -170,3 +174,33 @@ class OncemoreMaintainOperator(BaseOperator):
         done = maintain(OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline())
         self.log.info("%s", json.dumps(done, indent=2))
         return done
+
+
+class OncemoreVerifyOperator(SparkSubmitOperator):
+    """``oncemore verify --record`` through spark-submit (``spark_jobs/verify.py``), when a time of
+    ``verify_cron`` falls in this maintenance run's data interval or the run was triggered by
+    hand; skipped otherwise. Fails on any discrepancy (the job exits 1); the result is recorded
+    beside the table either way, for the oncemore page, and returned. Reads the tables only: no
+    Kafka setting reaches it."""
+
+    ui_color = "#e8f1f4"
+
+    def __init__(self, *, config_path: str, verify_cron: str, **kwargs):
+        super().__init__(application=str(VERIFY_JOB), **kwargs)
+        self.config_path, self.verify_cron = config_path, verify_cron
+
+    def execute(self, context) -> dict[str, Any]:
+        start, end = context["data_interval_start"], context["data_interval_end"]
+        if context["dag_run"].run_type != "manual" and not verify_due(self.verify_cron, start, end):
+            raise AirflowSkipException(f"no time of verify {self.verify_cron!r} in [{start}, {end})")
+        self.py_files = package_zip()
+        self.application_args = ["--config", self.config_path, "--record"]
+        super().execute(context)
+        return last_result(OncemoreHook(self.config_path).get_pipeline())
+
+
+def verify_due(cron: str, start: datetime | None, end: datetime | None) -> bool:
+    """Whether a time of ``cron`` falls in the data interval [start, end) (an empty one: yes)."""
+    if start is None or end is None or start >= end:
+        return True
+    return croniter(cron, start - timedelta(microseconds=1)).get_next(datetime) < end
