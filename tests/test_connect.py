@@ -171,3 +171,21 @@ def test_a_slot_session_id_joins_the_urls_own_parameters_and_no_error_shows_the_
     session = {url: url.rsplit("session_id=", 1)[1] for url in asked}
     assert session[plain] == session[with_token], "a token (rotated) does not change the session"
     assert session[as_user] != session[plain], "another Spark user gets a session of its own"
+
+
+def test_two_cache_directories_never_share_a_session_and_a_renewed_slot_never_meets_an_old_id(tmp_path, monkeypatch):
+    # Two containers may share a host name and a user, each with its cache (and so its locks).
+    from oncemore.connectslots import take_slot
+
+    held = []
+    for cache in ("one", "two"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
+        held.append(take_slot("sc://connect:15002", b"the package"))
+    assert held[0].index == held[1].index == 0 and held[0].session_id != held[1].session_id
+    seen = {held[0].session_id}
+    for _ in range(3):
+        held[0].renew()
+        assert held[0].session_id not in seen
+        seen.add(held[0].session_id)
+    for slot in held:
+        slot.release()

@@ -494,3 +494,25 @@ def test_a_crashed_python_worker_fails_the_run_naming_topic_partitions_and_offse
                            f"{topic}/1 [0, 10), {topic}/2 [0, 10) failed: "), last
     assert "Python worker exited unexpectedly" in last
     assert read_pairs(pipeline.sink.table_uri) == []
+
+
+def test_a_record_read_but_in_no_file_is_refused_without_a_transform(broker, topic, make_pipeline, spark, monkeypatch):
+    # Without a transform nothing may filter: a record the tasks' files lost would otherwise be
+    # booked as filtered and committed past.
+    from dataclasses import replace
+
+    from oncemore.errors import InvalidDataFile
+
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    real_job = runner.ingest_job
+
+    def one_more_read_than_written(*args, **kwargs):
+        results = real_job(*args, **kwargs)
+        return [replace(results[0], records=results[0].records + 1), *results[1:]]
+
+    monkeypatch.setattr(runner, "ingest_job", one_more_read_than_written)
+    with pytest.raises(InvalidDataFile, match=rf"pipeline orders: {topic}/\d \[0, 10\): 11 records read, only 10 rows "
+                                              r"written and 0 quarantined, and no transform filters"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert read_pairs(pipeline.sink.table_uri) == []

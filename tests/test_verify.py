@@ -154,6 +154,31 @@ def test_a_half_committed_batch_is_pending_and_a_rewound_partition_is_ingested_t
 
     assert report.ok, report.describe()
     assert (report.rows["main"], report.rows["quarantine"], report.rows["pending"]) == (899 + len(twice), 1, 0)
+    rewound = [v for v, r in oncemore_commits(pipeline.sink.table_uri) if r.reset is not None][0]
+    since = verify(pipeline, lambda: spark, since=rewound)  # the older copies stay accounted for
+    assert since.ok and since.commits == 2, since.describe()  # the reset and the batch after it
+
+
+def test_a_handed_over_topic_verifies_for_its_new_owner_and_a_table_partitioned_by_kafka_partition(
+        broker, topic, make_pipeline, spark):
+    from oncemore.reset import reset
+
+    produced = broker.produce(topic, orders(0, 60))
+    first = make_pipeline(topic, sink={"partition_by": ["_kafka_partition"]})
+    runner.run(first, spark_factory=lambda: spark)
+    assert verify(first, lambda: spark).ok
+    second = make_pipeline(topic, name="second", sink={"table_uri": first.sink.table_uri,
+                                                       "quarantine_uri": first.sink.quarantine_uri,
+                                                       "partition_by": ["_kafka_partition"]})
+    reset(second, OffsetBound("latest"), take_over=True)
+    produced += broker.produce(topic, orders(60, 30))
+    runner.run(second, spark_factory=lambda: spark)
+
+    report = verify(second, lambda: spark)
+
+    assert report.ok, report.describe()
+    assert (report.rows["main"], report.rows["before"]) == (30, 60), "the first owner's rows are not the second's"
+    assert sorted(read_pairs(first.sink.table_uri)) == sorted(produced)
 
 
 def test_a_table_on_s3_verifies_and_a_planted_duplicate_fails_it(broker, topic, make_pipeline, spark, s3_server, s3_bucket):

@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                            "no row outside a committed range, history contiguous, positions as committed (exit 1 "
                            "on any discrepancy)", _verify)
     verify.add_argument("--since", type=int, metavar="VERSION",
-                        help="audit the commits from this table version on (default: every commit the log keeps)")
+                        help="check the row counts of the commits from this table version on (rows and history are "
+                             "checked over every commit the log keeps)")
     verify.add_argument("--json", action="store_true", help="the whole report, machine-readable")
     verify.add_argument("--record", action="store_true",
                         help="keep the result beside the table for the oncemore page (the maintenance DAG's verify "

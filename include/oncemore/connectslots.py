@@ -7,12 +7,14 @@ server whose lock it gets (``flock``, released when the process ends, however it
 session id the slot stands for. Invariants:
 - one run at a time per session: a transform's temp view ``records`` and the session's settings
   are never shared by two runs at once;
-- another host, another server, another version of the package or another user never meets
-  the session: its id is derived from all of them (the package's artifact is added once per
-  session, under the same name);
+- another host, another server, another version of the package, another user or another cache
+  directory (the locks' own namespace: two containers may share a host name) never meets the
+  session: its id is derived from all of them (the package's artifact is added once per session,
+  under the same name);
 - a session the server closed (its idle timeout, ``spark.connect.session.manager.
   defaultSessionTimeout``, 60 min by default, or a release) refuses its id for good: the slot
-  moves to its next generation, kept in the slot's file.
+  moves to a new random generation, kept in the slot's file (a counter could meet ids the server
+  closed before a cache was wiped).
 
 Lives in ``$XDG_CACHE_HOME/oncemore/connect`` (``~/.cache``). Without a usable directory, or with
 a ``session_id`` in the URL (the user's own session), the run opens a session as given.
@@ -24,6 +26,7 @@ import fcntl
 import getpass
 import hashlib
 import os
+import secrets
 import socket
 import uuid
 from pathlib import Path
@@ -50,12 +53,11 @@ class Slot:
     def session_id(self) -> str:
         return str(uuid.uuid5(_NAMESPACE, f"{self.key}/{self.index}/{self.generation}"))
 
-    def next_generation(self) -> None:
+    def renew(self) -> None:
         """The server closed this slot's session: the slot stands for a new one from now on."""
-        generation = self.generation + 1
         self.handle.seek(0)
         self.handle.truncate()
-        self.handle.write(str(generation))
+        self.handle.write(str(secrets.randbits(62)))
         self.handle.flush()
 
     def release(self) -> None:
@@ -65,20 +67,23 @@ class Slot:
 def take_slot(address: str, package: bytes) -> Slot | None:
     """The first free slot of this host for the server at ``address`` and this ``package``'s
     content, locked for this process; None when all are held or the cache cannot be used."""
-    key = hashlib.sha256("\0".join([socket.getfqdn(), _user(), address, hashlib.sha256(package).hexdigest()])
-                         .encode()).hexdigest()[:32]
     try:
-        directory = slots_dir() / key
+        base = slots_dir().resolve()
+        key = hashlib.sha256("\0".join([socket.getfqdn(), _user(), str(base), address,
+                                        hashlib.sha256(package).hexdigest()]).encode()).hexdigest()[:32]
+        directory = base / key
         directory.mkdir(parents=True, exist_ok=True)
         for index in range(SLOTS):
             handle = open(directory / f"{index}.slot", "a+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except OSError as refused:
                 handle.close()
-                continue
+                if isinstance(refused, BlockingIOError):
+                    continue  # another run holds it
+                raise
             return Slot(handle, key, index)
-    except (OSError, RuntimeError):  # no usable cache directory (read-only, no home)
+    except (OSError, RuntimeError):  # no usable cache directory (read-only, no home, no locks)
         return None
     return None
 

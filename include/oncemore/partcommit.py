@@ -62,6 +62,7 @@ class Part:
     log_end: Mapping[KafkaPartition, int]
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
     profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
+    may_filter: bool = False  # a transform may drop records; without one, every record read is a row
 
     @property
     def staging_id(self) -> str:
@@ -190,7 +191,8 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
 def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], written: Written,
                read: Mapping[KafkaPartition, tuple[int, int]]) -> dict[str, int]:
     """Per partition, the records read are rows written, quarantined or filtered: never more rows
-    than records (a transform that explodes a record is refused here, before any commit)."""
+    than records (a transform that explodes a record is refused here, before any commit), and
+    none filtered without a transform (a record the tasks' files lost is refused the same way)."""
     records = {p: 0 for p in read}
     quarantined = dict(records)
     rows = dict(records)
@@ -203,6 +205,11 @@ def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], 
     for p, count in written.violations_by_partition.items():
         quarantined[p] = quarantined.get(p, 0) + count
     for p in read:
+        if not part.may_filter and rows[p] + quarantined[p] < records[p]:
+            raise InvalidDataFile(
+                f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records read, only "
+                f"{rows[p]} rows written and {quarantined[p]} quarantined, and no transform filters: nothing was "
+                "committed", partition=str(p), records=records[p], rows=rows[p])
         if rows[p] + quarantined[p] > records[p]:
             raise InvalidDataFile(
                 f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records became {rows[p]} rows "

@@ -242,6 +242,7 @@ class _Run:
             cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
             log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
             profile={} if self.run_phases_recorded else self.watch.ms(RUN_PHASES),
+            may_filter=pipeline.transform is not None,
         )
         if pipeline.shapes_in_spark and tasks:
             outcome = shaped_job(self.spark, pipeline, spec, groups, budget, part, self._shape)

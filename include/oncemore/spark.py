@@ -115,14 +115,18 @@ def connect_session(remote: str):
         Path(package_zip()).read_bytes())
     for attempt in range(2):
         url = remote if slot is None else f"{address}/;{parameters + ';' if parameters else ''}session_id={slot.session_id}"
+        spark = None
         try:
             spark = SparkSession.builder.remote(url).create()
             for key, value in {**SESSION_CONF, "spark.sql.redaction.string.regex": spark_statement_regex()}.items():
                 spark.conf.set(key, value)
             break
         except Exception as exc:  # PySpark's message quotes the URL, and a URL may carry a token
+            if spark is not None:  # refused: its client closed now, or it calls the server as Python exits
+                spark.release_session_on_close = False
+                spark.stop()
             if slot is not None and attempt == 0 and "SESSION_CLOSED" in str(exc):
-                slot.next_generation()  # the server closed the slot's session (idle timeout): a new one
+                slot.renew()  # the server closed the slot's session (idle timeout): a new one
                 continue
             if slot is not None:
                 slot.release()
@@ -131,8 +135,13 @@ def connect_session(remote: str):
     if slot is not None:
         spark.release_session_on_close = False  # kept on the server for the slot's next run
         _SLOTS[id(spark)] = slot
-    spark.addArtifacts(package_zip(), pyfile=True)
-    register_sources(spark)
+    try:
+        spark.addArtifacts(package_zip(), pyfile=True)
+        register_sources(spark)
+    except Exception as exc:
+        stop_session(spark)
+        raise SparkConnectError(f"Spark Connect session on {address} refused the package: {type(exc).__name__}",
+                                server=address) from None
     return spark
 
 
@@ -144,10 +153,17 @@ def stop_session(spark) -> None:
     """Ends this run's use of ``spark``: a classic session stops; a Connect session in a slot stays
     on the server for the slot's next run, its client closes and its slot is free again; any other
     Connect session is released on the server with its artifacts and views."""
+    slot = _SLOTS.pop(id(spark), None)
     try:
+        if slot is not None:
+            # A job still running (the run failed or was stopped meanwhile) must not outlive the
+            # run in a session the next run takes. Best effort: a dead server has none running.
+            try:
+                spark.interruptAll()
+            except Exception:
+                pass
         spark.stop()
     finally:
-        slot = _SLOTS.pop(id(spark), None)
         if slot is not None:
             slot.release()
 

@@ -100,7 +100,6 @@ class CoordinatesReader(DataSourceReader):
         if task is None:
             return
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         from .schema import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
@@ -118,15 +117,29 @@ class CoordinatesReader(DataSourceReader):
                     for column, text in partition_values.items():
                         if column in types:
                             table = table.append_column(column, pa.array([text] * len(table)).cast(types[column]))
-                    for key in table.select([TOPIC_COLUMN, PARTITION_COLUMN]).group_by(
-                            [TOPIC_COLUMN, PARTITION_COLUMN]).aggregate([]).to_pylist():
-                        topic, partition = key[TOPIC_COLUMN], key[PARTITION_COLUMN]
-                        rows = table.filter(pc.and_(pc.equal(table[TOPIC_COLUMN], topic),
-                                                    pc.equal(table[PARTITION_COLUMN], partition)))
-                        offsets = rows[OFFSET_COLUMN].to_numpy()
-                        yield pa.RecordBatch.from_arrays(
-                            [pa.array([quarantine] * len(offsets), pa.bool_()), rows[TOPIC_COLUMN].combine_chunks(),
-                             rows[PARTITION_COLUMN].combine_chunks().cast(pa.int32()),
-                             pa.array(offsets, pa.int64()),
-                             pa.array(coverage.segments_of(topic, partition, offsets, quarantine), pa.int64())],
-                            names=["quarantine", "topic", "partition", "offset", "segment"])
+                    yield from _placed(table, quarantine, coverage)
+
+
+def _placed(table, quarantine: bool, coverage: Coverage) -> Iterator:
+    """The rows of ``table`` (topic, partition, offset) with their segments, a batch per
+    partition: sorted once by partition, then cut (a file holds a task's many partitions)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from .schema import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
+
+    if not table.num_rows:
+        return
+    topics = table[TOPIC_COLUMN].combine_chunks().dictionary_encode()
+    key = topics.indices.to_numpy().astype(np.int64) << 32 | table[PARTITION_COLUMN].to_numpy().astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    key, offsets = key[order], table[OFFSET_COLUMN].to_numpy()[order]
+    cuts = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(key)]
+    for begin, end in zip(cuts, cuts[1:]):
+        topic, partition = topics.dictionary[int(key[begin] >> 32)].as_py(), int(key[begin] & 0xFFFFFFFF)
+        part = offsets[begin:end]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(np.full(len(part), quarantine)), pa.array([topic] * len(part), pa.string()),
+             pa.array(np.full(len(part), partition, dtype=np.int32)), pa.array(part, pa.int64()),
+             pa.array(coverage.segments_of(topic, partition, part, quarantine), pa.int64())],
+            names=["quarantine", "topic", "partition", "offset", "segment"])

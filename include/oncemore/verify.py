@@ -1,7 +1,7 @@
 """``oncemore verify``: the exactly-once contract audited from a pipeline's tables alone.
 
-For the pipeline's commits in the main table's log (every one whose commit file the log keeps, or
-those from ``since``), it checks:
+For the pipeline's commits in the main table's log (every one whose commit file the log keeps;
+``since`` limits item 3 to the commits from that version on), it checks:
 1. history: per partition, each batch starts where the one before ended, or at the end of a gap
    that batch records, or where a reset put the partition; the snapshot's positions are where the
    last batch or reset left each partition;
@@ -70,9 +70,9 @@ class VerifyReport:
     pipeline: str
     table_version: int
     quarantine_version: int | None
-    commits: int  # the pipeline's commits audited
-    first_version: int | None  # the first audited
-    whole_log: bool  # the audit starts at the table's first commit
+    commits: int  # the pipeline's commits whose counts are audited
+    since: int | None  # counts audited from this version on (None: every kept commit)
+    whole_log: bool  # the log keeps every commit since the table's first
     rows: dict[str, int] = field(default_factory=dict)  # main, quarantine, pending, before, foreign
     offsets_without_row: int = 0  # in committed ranges: filtered, transaction markers, aborted
     filtered: int = 0  # of which the records say a transform filtered
@@ -92,13 +92,13 @@ class VerifyReport:
         return json.dumps({**asdict(self), "ok": self.ok}, indent=2)
 
     def describe(self) -> str:
-        audited = ("every commit of the log" if self.whole_log else
-                   f"the commits from version {self.first_version} on" if self.first_version is not None else "no commit")
+        audited = ("every commit of the log" if self.whole_log else "the commits the log keeps") + (
+            f"; counts from version {self.since} on" if self.since is not None else "")
         lines = [f"{self.pipeline}: {'OK' if self.ok else 'FAILED'}: {self.commits} commits audited ({audited}), "
                  f"table version {self.table_version}, quarantine version {self.quarantine_version}",
                  f"  rows: {self.rows.get('main', 0)} in the table, {self.rows.get('quarantine', 0)} quarantined, "
                  f"{self.rows.get('pending', 0)} quarantined for a batch still to commit, "
-                 f"{self.rows.get('before', 0)} before the audited commits",
+                 f"{self.rows.get('before', 0)} before the pipeline's kept history",
                  f"  offsets of committed ranges without a row: {self.offsets_without_row} "
                  f"({self.filtered} filtered by the transform, the rest transaction markers or aborted records)"]
         for kind, count in sorted(self.counts.items()):
@@ -129,9 +129,9 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
     kept = main.kept_versions(table)
     history = sorted(main.recent_batches(None, table), key=lambda e: e.version)
     audited = [e for e in history if since is None or e.version >= since]
-    whole_log = since is None and bool(kept) and kept[0] == 0
+    whole_log = bool(kept) and kept[0] == 0
     report = VerifyReport(pipeline.name, table.version(), quarantine_table.version() if quarantine_table else None,
-                          len(audited), audited[0].version if audited else None, whole_log)
+                          len(audited), since, whole_log)
 
     left = _walk(history, report)
     held = main.positions(left, table)
@@ -142,7 +142,7 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
                                    f"the snapshot holds position {held[p]}, the last commit left {position}"))
 
     topics = {p.topic for e in history for p in e.record.partition_ranges()} | set(pipeline.source.topic_names or ())
-    pieces, coverage = _coverage(audited, held, whole_log, topics)
+    pieces, coverage = _coverage(history, held, whole_log, topics)
     files = _files(False, table, pipeline.sink.table_uri)
     if quarantine_table is not None:
         files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
@@ -191,13 +191,19 @@ def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartiti
     return left
 
 
-def _coverage(audited: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
-    """The audited ranges cut into pieces each covered by the same commits, numbered; what the
+def _coverage(history: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
+    """The ranges of every kept commit cut into pieces each covered by the same commits (all of
+    them: a range rewound by a reset overlaps older ones, audited or not), numbered; what the
     table scan needs to place each row in one."""
     from .tablescan import OUTSIDE, Coverage
 
     ranges: dict[KafkaPartition, list[tuple[int, int, int]]] = {}
-    for entry in audited:
+    placed: dict[KafkaPartition, int] = {}  # where a reset first placed a partition this pipeline had not read
+    for entry in history:
+        if entry.record.reset is not None:
+            for p, to in flat(entry.record.reset.to_positions).items():
+                if p not in ranges and p not in placed and to is not None:
+                    placed[p] = to
         for p, (start, end) in entry.record.partition_ranges().items():
             if start < end:
                 ranges.setdefault(p, []).append((start, end, entry.version))
@@ -217,22 +223,26 @@ def _coverage(audited: list[CommitEntry], held, whole_log: bool, topics: set[str
                 pieces[len(pieces)] = _Piece(p, bounds[k], bounds[k + 1], tuple(versions))
             else:
                 segments.append(OUTSIDE)
-        # Below the first audited range, unless the whole log is audited: rows of commits not read.
-        start = None if whole_log else min((s for s, _, _ in spans), default=held.get(p))
+        # Below the first kept range, rows of commits the log no longer keeps (unless it keeps them
+        # all); below where a reset first placed the partition (a take-over, a start on a table that
+        # held rows), rows that were never this pipeline's to account for.
+        start = placed.get(p) if whole_log else min((s for s, _, _ in spans), default=held.get(p))
         partitions[str(p)] = {"bounds": bounds, "segments": segments, "start": start, "position": held.get(p)}
     return pieces, Coverage(partitions, tuple(sorted(topics)), whole_log)
 
 
 def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, int]]:
-    actions = table.get_add_actions(flatten=False)
+    """The snapshot's files as (quarantine, table root, path, its ``_kafka_*`` partition values as
+    text, size)."""
     import pyarrow as pa
 
-    actions = pa.table(actions).to_pydict()
-    if "deletionVector" in actions and any(dv is not None for dv in actions["deletionVector"]):
+    if pa.table(table.deletion_vectors()).num_rows:
         raise OncemoreError(f"{table_uri}: files with deletion vectors (rows deleted by another engine): oncemore "
                             "verify reads Parquet files whole and cannot tell which rows are deleted")
-    values = actions.get("partition_values") or [None] * len(actions["path"])
-    return [(quarantine, table_uri, path, {k: v for k, v in (parts or {}).items()}, size)
+    actions = pa.table(table.get_add_actions(flatten=False)).to_pydict()
+    values = actions.get("partition") or [None] * len(actions["path"])
+    return [(quarantine, table_uri, path,
+             {k: None if v is None else str(v) for k, v in (parts or {}).items() if k.startswith("_kafka_")}, size)
             for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
 
 
