@@ -14,7 +14,10 @@ session id the slot stands for. Invariants:
 - a session the server closed (its idle timeout, ``spark.connect.session.manager.
   defaultSessionTimeout``, 60 min by default, or a release) refuses its id for good: the slot
   moves to a new random generation, kept in the slot's file (a counter could meet ids the server
-  closed before a cache was wiped).
+  closed before a cache was wiped; a random one also keeps the id from being guessed).
+What a run leaves in the session stays for the next run of any pipeline of this host: the
+settings oncemore sets are set again by every run; a Python transform that changes session
+settings or registers views changes them for the runs after it.
 
 Lives in ``$XDG_CACHE_HOME/oncemore/connect`` (``~/.cache``). Without a usable directory, or with
 a ``session_id`` in the URL (the user's own session), the run opens a session as given.
@@ -82,7 +85,10 @@ def take_slot(address: str, package: bytes) -> Slot | None:
                 if isinstance(refused, BlockingIOError):
                     continue  # another run holds it
                 raise
-            return Slot(handle, key, index)
+            slot = Slot(handle, key, index)
+            if not slot.generation:  # a new slot: a random generation, so its session id cannot be guessed
+                slot.renew()
+            return slot
     except (OSError, RuntimeError):  # no usable cache directory (read-only, no home, no locks)
         return None
     return None
