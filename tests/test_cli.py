@@ -96,3 +96,18 @@ def test_missing_topic_is_a_one_line_error(make_pipeline):
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("oncemore: error: pipeline orders: topic 'no_such_topic' is not available")
+
+
+def test_version_and_list_name_every_pipeline_and_every_broken_file(tmp_path):
+    assert oncemore("--version").stdout.strip() == f"oncemore {__import__('oncemore').__version__}"
+    (tmp_path / "orders.yaml").write_text(
+        "name: orders\nsource: {bootstrap_servers: 'k:9092', topic: orders}\nsink: {table_uri: /tmp/t/orders}\n"
+        "format: {type: raw}\n")
+    (tmp_path / "typo.yaml").write_text("name: typo\nsource: {bootstrap_server: 'k:9092', topic: t}\n")
+    listed = oncemore("list", env={"ONCEMORE_PIPELINES_DIR": str(tmp_path)})
+    assert listed.returncode == 1, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == f"orders: topic orders -> /tmp/t/orders ({tmp_path / 'orders.yaml'})"
+    assert lines[1].startswith(f"broken: {tmp_path / 'typo.yaml'}: ") and len(lines) == 2
+    (tmp_path / "typo.yaml").unlink()
+    assert oncemore("list", env={"ONCEMORE_PIPELINES_DIR": str(tmp_path)}).returncode == 0

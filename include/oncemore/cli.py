@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset | maintain | verify | schema``.
+"""Command line: ``oncemore run | plan | status | reset | maintain | verify | list | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import __version__
 from .config import (
-    ConfigError, OffsetBound, Pipeline, json_schema, load_pipeline, resolve_config_path, with_kafka_overrides,
+    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_pipeline, resolve_config_path,
+    with_kafka_overrides,
 )
 from .coordinates import nested
 from .errors import OncemoreError, root_cause
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oncemore", description="Exactly-once batch ingestion from Kafka into Delta Lake.")
+    parser.add_argument("--version", action="version", version=f"oncemore {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str, handler) -> argparse.ArgumentParser:
@@ -77,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--until", default="latest", help=until_help)
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
     status = add("status", "positions, log bounds and lag per partition", _status)
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="the same per partition, machine-readable")
     reset = add("reset", "set the pipeline's positions deliberately (a commit recording old and new)", _reset)
     reset.add_argument("--to", required=True,
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like "
@@ -100,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="keep the result beside the table for the oncemore page (the maintenance DAG's verify "
                              "task does)")
     _spark_options(verify)
+    listing = commands.add_parser("list", help="the pipelines of the pipelines directory, and the files that do not "
+                                               "load (exit 1 if any)")
+    listing.set_defaults(handler=_list)
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (for editors)")
     schema.set_defaults(handler=_schema)
     return parser
@@ -233,6 +239,16 @@ def _maintain(pipeline: Pipeline, _args) -> int:
 
     print(json.dumps(maintain(pipeline), indent=2))
     return 0
+
+
+def _list(_pipeline: None, _args) -> int:
+    pipelines, broken = load_all()
+    for pipeline in pipelines:
+        print(f"{pipeline.name}: {pipeline.source.describe_subscription()} -> {pipeline.sink.table_uri} "
+              f"({pipeline.origin})")
+    for path, problem in sorted(broken.items()):
+        print(f"broken: {problem}" if str(problem).startswith(path) else f"broken: {path}: {problem}")
+    return EXIT_FAILURE if broken else 0
 
 
 def _schema(_pipeline: None, _args) -> int:
