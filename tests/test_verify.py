@@ -195,3 +195,33 @@ def test_a_table_on_s3_verifies_and_a_planted_duplicate_fails_it(broker, topic, 
     write_deltalake(pipeline.sink.table_uri, rows.slice(0, 1), mode="append", storage_options=options)
     failed = verify(pipeline, lambda: spark)
     assert failed.counts.get("duplicate") == 1 and not failed.ok
+
+
+@pytest.mark.parametrize("format_version", [1, 2])
+def test_a_table_of_an_early_commit_format_verifies_and_continues(broker, make_pipeline, spark, tmp_path, format_version):
+    import shutil
+
+    from oncemore.commitrecord import FORMAT_VERSION
+
+    topic = f"legacy{format_version}"
+    broker.create_topic(topic, 2)
+    records = [(i % 2, str(i).encode(), b"{not json" if i == 5 else json.dumps(
+        {"id": i, "customer": f"c{i}", "amount": i * 1.5}).encode(), None) for i in range(26)]
+    produced = broker.produce(topic, records)  # the first 16 as the fixture's run read them
+    tables = tmp_path / "tables"
+    shutil.copytree(ROOT / "tests" / "fixtures" / f"format{format_version}", tables)
+    pipeline = make_pipeline(topic, name="legacy", sink={"table_uri": str(tables / "legacy"),
+                                                         "quarantine_uri": str(tables / "legacy_quarantine")})
+    assert {r.format_version for _, r in oncemore_commits(pipeline.sink.table_uri)} == {format_version}
+
+    before = verify(pipeline, lambda: spark)
+    assert before.ok and (before.commits, before.rows["main"], before.rows["quarantine"]) == (2, 15, 1), before.describe()
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.written == 10 and {r.format_version for _, r in oncemore_commits(pipeline.sink.table_uri)} == {
+        format_version, FORMAT_VERSION}
+    after = verify(pipeline, lambda: spark)
+    assert after.ok and (after.rows["main"], after.rows["quarantine"]) == (25, 1), after.describe()
+    pairs = read_pairs(pipeline.sink.table_uri) + read_pairs(pipeline.sink.quarantine_uri)
+    assert sorted(pairs) == sorted(produced)
