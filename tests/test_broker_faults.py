@@ -4,6 +4,7 @@ configured timeout, a broker restarted mid-read, and records deleted (DeleteReco
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
@@ -79,17 +80,35 @@ def test_a_wrong_password_fails_clearly_within_the_timeout(own_broker, make_pipe
     assert PASSWORD not in result.stderr
 
 
-def test_a_broker_that_is_down_fails_clearly_within_the_timeout(own_broker, make_pipeline):
+def test_a_broker_that_is_down_or_a_host_that_does_not_resolve_fails_at_once(own_broker, make_pipeline):
     local = own_broker()
     local.stop()
-    pipeline = make_pipeline("orders", source={"bootstrap_servers": local.bootstrap_servers, "stall_timeout_seconds": 5})
+    for servers, cause in ((local.bootstrap_servers, "Connection refused"),
+                           ("no-such-host.invalid:9092", "Failed to resolve 'no-such-host.invalid:9092'")):
+        pipeline = make_pipeline("orders", source={"bootstrap_servers": servers, "stall_timeout_seconds": 60})
+
+        started = time.monotonic()
+        result = oncemore("plan", "--config", pipeline.origin, check_no_spark=True)
+
+        assert result.returncode == 1 and time.monotonic() - started < 15, "not the 60 s stall timeout"
+        line, = result.stderr.strip().splitlines()
+        assert f"pipeline orders: cannot reach Kafka at {servers}: " in line and cause in line, line
+
+
+def test_a_broker_that_does_not_answer_fails_within_the_stall_timeout(make_pipeline):
+    silent = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    servers = f"127.0.0.1:{silent.getsockname()[1]}"
+    pipeline = make_pipeline("orders", source={"bootstrap_servers": servers, "stall_timeout_seconds": 4})
 
     started = time.monotonic()
     result = oncemore("plan", "--config", pipeline.origin, check_no_spark=True)
 
-    assert result.returncode == 1 and time.monotonic() - started < 30
+    assert result.returncode == 1 and 4 <= time.monotonic() - started < 30
     line, = result.stderr.strip().splitlines()
-    assert f"cannot reach Kafka at {local.bootstrap_servers} within 5s" in line, line
+    assert f"cannot reach Kafka at {servers} within 4s (source.stall_timeout_seconds)" in line, line
+    silent.close()
 
 
 @pytest.mark.spark

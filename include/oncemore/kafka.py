@@ -84,11 +84,36 @@ def admin_client(pipeline: Pipeline) -> AdminClient:
 
 
 def _why(admin: AdminClient, exc: KafkaException) -> str:
-    """The failure of a request, with the client's last error event when there was one."""
+    """The failure of a request, with the client's last error event that names a cause (a refused
+    connection, a name that does not resolve, a failed authentication: not "all brokers down")."""
     admin.poll(0)  # serves queued error events
-    events = getattr(admin, "client_errors", [])
+    events = [e for e in getattr(admin, "client_errors", []) if e.code() != KafkaError._ALL_BROKERS_DOWN]
     cause = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
     return f"{cause} (last client error: {events[-1].str()})" if events else cause
+
+
+def _all_brokers_down(admin: AdminClient) -> bool:
+    admin.poll(0)
+    return any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in getattr(admin, "client_errors", []))
+
+
+def _cluster_metadata(admin: AdminClient, pipeline: Pipeline):
+    """The cluster's metadata, asked until the stall timeout; but a run starting against bootstrap
+    servers that are all down (a refused connection, a host name that does not resolve, a failed
+    authentication: librdkafka says so within milliseconds) fails at once instead of waiting."""
+    source = pipeline.source
+    deadline = time.monotonic() + _timeout(pipeline)
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            if _all_brokers_down(admin):
+                raise KafkaSourceError(f"pipeline {pipeline.name}: cannot reach Kafka at {source.bootstrap_servers}: "
+                                       f"{_why(admin, exc)}") from exc
+            if time.monotonic() >= deadline:
+                raise KafkaSourceError(
+                    f"pipeline {pipeline.name}: cannot reach Kafka at {source.bootstrap_servers} within "
+                    f"{_timeout(pipeline):.0f}s (source.stall_timeout_seconds): {_why(admin, exc)}") from exc
 
 
 def consumer_config(pipeline: Pipeline) -> dict[str, str]:
@@ -117,15 +142,9 @@ def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
     those matching its pattern now (none is an error: a pattern that matches nothing is a typo
     more often than an empty cluster)."""
     source = pipeline.source
-    try:
-        # All topics, not named ones: a named Metadata request may auto-create a topic (brokers
-        # with auto.create.topics.enable; librdkafka's admin handle allows it).
-        metadata = admin.list_topics(timeout=_timeout(pipeline))
-    except KafkaException as exc:
-        raise KafkaSourceError(
-            f"pipeline {pipeline.name}: cannot reach Kafka at {source.bootstrap_servers} within "
-            f"{_timeout(pipeline):.0f}s (source.stall_timeout_seconds): {_why(admin, exc)}"
-        ) from exc
+    # All topics, not named ones: a named Metadata request may auto-create a topic (brokers
+    # with auto.create.topics.enable; librdkafka's admin handle allows it).
+    metadata = _cluster_metadata(admin, pipeline)
     topics = source.topic_names or sorted(t for t in metadata.topics if source.subscribes(t))
     if not topics:
         raise KafkaSourceError(f"pipeline {pipeline.name}: no topic matches {source.topic_pattern!r} "
