@@ -242,12 +242,24 @@ def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple
     return [(topic, p, o) for p, o in pairs]
 
 
-def run_with_fault(pipeline: Pipeline, fault: str) -> subprocess.CompletedProcess:
-    """``oncemore run`` of ``pipeline`` in its own process, dying at the faults.py step ``fault``."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include"),
-           "ONCEMORE_SPARK_MASTER": "local[1]", "ONCEMORE_FAULTS": fault}
-    return subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
-                          env=env, capture_output=True, text=True, timeout=600)
+def oncemore_command(pipeline: Pipeline, command: str = "run", fault: str | None = None,
+                     whole_run: bool = True) -> subprocess.Popen:
+    """``oncemore COMMAND --config`` of ``pipeline`` started in its own process on ``local[1]``;
+    with ``fault``, dying at that faults.py step: the whole run (its own process group), or with
+    ``whole_run=False`` only the process reaching it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include"), "ONCEMORE_SPARK_MASTER": "local[1]"}
+    env.pop("ONCEMORE_FAULTS_GROUP", None)
+    if fault:
+        env["ONCEMORE_FAULTS"] = fault
+    return subprocess.Popen([sys.executable, "-m", "oncemore.cli", command, "--config", pipeline.origin], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=whole_run)
+
+
+def run_with_fault(pipeline: Pipeline, fault: str, whole_run: bool = True) -> subprocess.CompletedProcess:
+    """``oncemore run`` of ``pipeline`` dying at the faults.py step ``fault`` (oncemore_command)."""
+    process = oncemore_command(pipeline, "run", fault, whole_run)
+    out, err = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The real Airflow services (scheduler, DAG processor, API server; LocalExecutor on SQLite): an
 hourly pipeline with catch-up runs its past intervals, each landing exactly the records stamped in
-its own data interval (as the DagRun states it); a backfill over them through the REST API (the
-call Airflow's UI makes) and one through `airflow backfill create` commit nothing new."""
+its own data interval (as the DagRun states it), the first ingest task SIGKILLed right after its
+main commit and retried by Airflow itself; a backfill over them through the REST API (the call
+Airflow's UI makes) and one through `airflow backfill create` commit nothing new."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 from deltalake import DeltaTable
+
+from oncemore.config import load_pipeline
+from oncemore.verify import verify
 
 from conftest import ROOT, assert_exactly_once, read_pairs
 from test_ingest import oncemore_commits
@@ -46,12 +50,17 @@ def airflow_services(tmp_path, broker):
         "name": "events", "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": "events"},
         "sink": {"table_uri": str(tmp_path / "delta" / "events")},
         "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
-        "airflow": {"schedule": "0 * * * *", "start_date": start.isoformat(), "catchup": True, "retries": 0},
+        "airflow": {"schedule": "0 * * * *", "start_date": start.isoformat(), "catchup": True, "retries": 1,
+                    "retry_delay_minutes": 0.05},
     }))
+    (tmp_path / "faults").mkdir()
     started = []
 
     def start_services():
-        started.append(start_airflow(tmp_path / "airflow", {"ONCEMORE_PIPELINES_DIR": str(tmp_path / "pipelines")}))
+        # The first task to reach the main commit's step dies there, with its spark-submit (faults.py).
+        started.append(start_airflow(tmp_path / "airflow", {
+            "ONCEMORE_PIPELINES_DIR": str(tmp_path / "pipelines"), "ONCEMORE_FAULTS": "main_committed",
+            "ONCEMORE_FAULTS_ONCE": str(tmp_path / "faults")}))
         return started[-1]
 
     yield start_services, start, str(tmp_path / "delta" / "events")
@@ -90,7 +99,7 @@ def assert_runs_hold_their_intervals(runs: list[dict], table_uri: str, topic: st
         assert landed == expected and len(expected) == per_run, run["dag_run_id"]
 
 
-def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(broker, airflow_services):
+def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(broker, airflow_services, spark):
     start_services, start, table_uri = airflow_services
     broker.create_topic("events", 3)
     produced, stamped = [], {}
@@ -108,6 +117,15 @@ def test_catch_up_intervals_land_exactly_and_backfills_over_them_commit_nothing(
     assert_runs_hold_their_intervals(runs, table_uri, "events", stamped, per_run=120)
     in_past_hours = [pair for pair in produced if stamped[pair] < (start + timedelta(hours=3)).timestamp() * 1000]
     assert_exactly_once(read_pairs(table_uri), in_past_hours)
+    # One ingest task was killed after its commit landed; Airflow's retry found the batch committed.
+    tries = {r["dag_run_id"]: services.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{r['dag_run_id']}/taskInstances/"
+                                                  "ingest")["try_number"] for r in runs}
+    assert sorted(tries.values()) == [1, 1, 2], tries
+    killed = next(run_id for run_id, tried in tries.items() if tried == 2)
+    states = [t["state"] for t in services.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{killed}/taskInstances/ingest/"
+                                                      "tries")["task_instances"]]
+    assert states == ["failed", "success"] or states == ["up_for_retry", "success"], states
+    assert verify(load_pipeline(services.home.parent / "pipelines" / "events.yaml"), lambda: spark).ok
     version = DeltaTable(table_uri).version()
 
     backfill = services.create_backfill({

@@ -175,7 +175,7 @@ def test_a_commit_whose_process_dies_after_landing_keeps_its_files_and_the_rerun
     produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30) + [(0, None, b"{broken", None)]))
     pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 5 > 0",
                              expectations=[{"name": "small", "check": "id < 25"}])
-    done = run_with_fault(pipeline, "committed")
+    done = run_with_fault(pipeline, "main_committed", whole_run=False)
 
     # The sink's commit worker died after both commits landed: Spark called abort, which must not
     # delete files the log now references.

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import __version__
+from . import __version__, faults
 from .config import (
     ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_pipeline, resolve_config_path,
     with_kafka_overrides,
@@ -32,6 +32,7 @@ EXIT_FAILURE, EXIT_USAGE = 1, 2
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    faults.arm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     # A line per gateway call or registry request (confluent-kafka's client logs through httpx2) is not oncemore's.
     for chatty in ("py4j", "httpx", "httpx2"):

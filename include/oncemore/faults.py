@@ -1,23 +1,65 @@
-"""Test-only fault injection: a process dies (SIGKILL, no clean-up) exactly when it reaches a
-named step of a run, so tests can prove what a crash there leaves behind.
+"""Test-only fault injection: a run dies (SIGKILL, no clean-up) exactly when it reaches a named
+step, so tests can prove what a crash there leaves behind and that a rerun ends exact.
 
 Inert unless the environment variable ONCEMORE_FAULTS names steps (comma-separated); nothing in
-a pipeline's config or on a command line can set it. Steps:
+a pipeline's config or on a command line can set it. The steps of a run, in order:
 
-- ``task``: a Spark task's Python worker, as it starts reading its ranges.
-- ``committed``: the Python worker of the ``oncemore_delta`` sink's driver-side commit, right after
-  the part's commits landed and before it hands the outcome on.
+- ``planned``: the run's process, its plan made, before Spark starts.
+- ``task``: a Spark task's Python worker, as it starts reading its ranges. Only that worker dies:
+  a task failure, which fails the run (the others kill the whole run).
+- ``written``: where a part's commits are made (the run's process; the sink's driver-side commit
+  when the records are shaped in Spark), its files written and none validated yet.
+- ``validated``: there, its files validated, before the quarantine commit.
+- ``quarantine_committed``: there, the quarantine commit made, before the main commit.
+- ``main_committed``: there, the main commit made, before the outcome reaches the run.
+- ``mirrored``: the run's process, a batch's positions mirrored to the consumer group.
+
+and of ``oncemore maintain``, per table: ``compacted`` (compaction committed) and
+``checkpointed`` (checkpoint written, before vacuum).
+
+A step kills the whole run at once, as a lost machine would: the process reaching it and the
+run's process group, which ``arm()`` records in ONCEMORE_FAULTS_GROUP at the start of the run's
+own process (the CLI, an Airflow ingest task) when it leads its group: Spark's JVM and its Python
+workers, started after, inherit the variable (pyspark's worker daemon moves them to a group of its
+own). Tests start a run as its own process group (``start_new_session``); Airflow's supervisor
+starts each task as one. A run in no group of its own (inside pytest) kills only the process
+reaching the step.
+With ONCEMORE_FAULTS_ONCE naming a directory, each step kills once (a file there marks it done),
+so a retry of the same environment gets past it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 FAULTS_ENV = "ONCEMORE_FAULTS"
+GROUP_ENV = "ONCEMORE_FAULTS_GROUP"
+ONCE_ENV = "ONCEMORE_FAULTS_ONCE"
+STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "main_committed", "mirrored",
+         "compacted", "checkpointed")
+
+
+
+def arm() -> None:
+    """Records the calling process's group as the run's (module docstring), when faults are set and
+    it leads its group; call it first thing in a run's own process, before Spark starts."""
+    if os.environ.get(FAULTS_ENV) and os.getpgrp() == os.getpid():
+        os.environ.setdefault(GROUP_ENV, str(os.getpid()))
 
 
 def reach(step: str) -> None:
-    """Dies here when ONCEMORE_FAULTS names ``step``."""
-    if step in os.environ.get(FAULTS_ENV, "").split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Dies here when ONCEMORE_FAULTS names ``step`` (module docstring)."""
+    assert step in STEPS, step
+    if step not in os.environ.get(FAULTS_ENV, "").split(","):
+        return
+    once = os.environ.get(ONCE_ENV)
+    if once:
+        try:
+            (Path(once) / step).touch(exist_ok=False)
+        except FileExistsError:
+            return
+    if step != "task" and GROUP_ENV in os.environ:
+        os.killpg(int(os.environ[GROUP_ENV]), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from . import faults
 from .config import Maintenance, Pipeline
 from .ledger import open_table
 from .staging import remove_stale
@@ -35,8 +36,10 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
             continue
         started = time.monotonic()
         compacted = table.optimize.compact(target_size=settings.target_file_size_mb << 20)
+        faults.reach("compacted")
         table.update_incremental()
         table.create_checkpoint()
+        faults.reach("checkpointed")
         deleted = table.vacuum(retention_hours=settings.vacuum_retention_hours, dry_run=False,
                                enforce_retention_duration=False, full=True)
         done[role] = {

@@ -27,6 +27,7 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
+from . import faults
 from .commitrecord import CommitRecord, Gap
 from .committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from .coordinates import KafkaPartition, by_text, from_text, nested
@@ -131,6 +132,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
                                    Ledger(part.quarantine_uri, part.pipeline, storage_options))
     watch = Stopwatch()
     watch.add_ms({"spark_job": int(time.time() * 1000) - part.started_ms})
+    faults.reach("written")
     ends, kept, dropped = covered_prefix(results, part.starts)
     for phase in TASK_PHASES:
         watch.seconds[phase] += sum(r.seconds.get(phase, 0.0) for r in kept)
@@ -144,6 +146,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     with watch.timing("validate"):
         validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
+    faults.reach("validated")
     records = _accounted(part, kept, main_files, written, read)
 
     def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
@@ -173,6 +176,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
                               {p: new_positions[p] for p in touched}, record)
             quarantine_version = outcome.version
             held = quarantine.positions(touched)
+        faults.reach("quarantine_committed")
         short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
         if short:
             log.warning("pipeline %s: the quarantine table holds %s, not the ends %s this part reached; its main "
@@ -182,6 +186,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
             return outcome_of("quarantine_behind", None, quarantine_version, record.bytes_read)
     with watch.timing("commit"):
         outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
+    faults.reach("main_committed")
     log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
              outcome.status, ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())),
              records["written"], records["quarantined"], records["filtered"])

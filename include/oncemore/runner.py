@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
 
-from . import kafka
+from . import faults, kafka
 from .config import OffsetBound, Pipeline
 from .coordinates import KafkaPartition, by_text
 from .errors import CommitConflict, StalePlan, TopicChanged
@@ -265,6 +265,7 @@ class _Run:
                 held = self.main.positions(part.partitions)
                 with self.watch.timing("mirror"):
                     mirror_positions(pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
+                faults.reach("mirrored")
         self.progress.advance(batch.seq, sum(e - s for s, e in outcome.read.values()),
                               outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,
                               outcome.bytes_read if ours else 0)
@@ -344,6 +345,7 @@ def run(
         pending = [batch for batch in plan.batches if not state.holds(batch)]
     if pending:
         log.info("%s", describe(plan))
+        faults.reach("planned")
         state.prepare()
         state.progress = Progress(pipeline.name, len(plan.batches), state.offsets_left(pending))
         for batch in plan.batches:

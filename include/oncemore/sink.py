@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from . import faults
 from .committer import delete_files
 from .coordinates import KafkaPartition
 from .errors import OncemoreError, error_to_json
@@ -163,7 +162,6 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         except Exception as exc:  # handed on as data: raising here would make Spark call abort
             staging.put("failure", error_to_json(exc))
             return
-        faults.reach("committed")
         staging.put("outcome", outcome.to_json())
 
     def abort(self, messages: list[WrittenFiles | None]) -> None:

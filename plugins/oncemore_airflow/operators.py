@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.log import mask_secret
 
+from oncemore import faults
 from oncemore.config import OffsetBound
 from oncemore.maintenance import maintain
 from oncemore.planner import LATEST, Plan, describe, plan_run
@@ -82,6 +83,7 @@ class OncemoreIngestOperator(SparkSubmitOperator):
         self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
 
     def execute(self, context) -> None:
+        faults.arm()  # test-only, inert unless set: a step kills this task and its spark-submit
         self.py_files = package_zip()
         overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
         plan = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
@@ -115,6 +117,8 @@ class OncemoreConnectIngestOperator(BaseOperator):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
         from oncemore.runner import run  # the run's whole client side: not for the DAG processor to import
+
+        faults.arm()  # test-only, inert unless set: a step kills this task
 
         pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
         plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
