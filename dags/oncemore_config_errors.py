@@ -7,4 +7,5 @@ from oncemore_airflow.factory import schedulable_pipelines
 
 _broken = schedulable_pipelines()[1]
 if _broken:
-    raise ImportError("broken oncemore pipeline configs:\n" + "\n".join(str(error) for error in _broken.values()))
+    raise ImportError("broken oncemore pipeline configs (run `oncemore check` for these, and for the brokers, topics, "
+                      "schema registry and tables of the others):\n" + "\n".join(str(e) for e in _broken.values()))

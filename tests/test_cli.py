@@ -79,7 +79,7 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"oncemore: error: {path}: source.surprise: unknown key (allowed: bootstrap_servers, kafka_options, "
-        "stall_timeout_seconds, starting_offsets, topic, topic_pattern, topics)")
+        "stall_timeout_seconds, starting_offsets, topic, topic_pattern, topics); sink: is required; format: is required")
 
 
 def test_unknown_pipeline_and_bad_until(tmp_path, broker, topic, make_pipeline):
@@ -111,3 +111,42 @@ def test_version_and_list_name_every_pipeline_and_every_broken_file(tmp_path):
     assert lines[1].startswith(f"broken: {tmp_path / 'typo.yaml'}: ") and len(lines) == 2
     (tmp_path / "typo.yaml").unlink()
     assert oncemore("list", env={"ONCEMORE_PIPELINES_DIR": str(tmp_path)}).returncode == 0
+
+
+def test_check_says_what_works_and_what_not_one_line_each_and_writes_nothing(broker, topic, make_pipeline, registry,
+                                                                             tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    good = make_pipeline(topic, name="good")
+    (tmp_path / "a-file").write_text("not a directory")
+    make_pipeline("no_such_topic", name="ghost", sink={"table_uri": str(tmp_path / "a-file" / "ghost")})
+    make_pipeline(topic, name="unregistered", format={"type": "avro", "schema_registry": registry.settings()})
+    directory = Path(good.origin).parent
+    (directory / "typo.yaml").write_text(Path(good.origin).read_text().replace("name: good", "name: typo")
+                                         .replace("bootstrap_servers:", "bootstrap_server:"))
+    env = {"ONCEMORE_PIPELINES_DIR": str(directory)}
+    topics_before = set(AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics)
+
+    one = oncemore("check", "good", env=env, check_no_spark=True)
+    assert one.returncode == 0, one.stdout + one.stderr
+    lines = one.stdout.splitlines()
+    assert [line.split(":")[0:2] for line in lines] == [
+        ["ok     good", " config"], ["ok     good", " kafka"], ["ok     good", f" topic {topic}"],
+        ["ok     good", " table"], ["ok     good", " quarantine table"]], lines
+    assert f"topic {topic}: 3 partitions, topic ID " in lines[2]
+    assert "no table yet" in lines[3] and "the first run creates it" in lines[3]
+
+    every = oncemore("check", env=env, check_no_spark=True)
+    assert every.returncode == 1
+    failed = [line for line in every.stdout.splitlines() if line.startswith("FAILED")]
+    assert failed[0].startswith(f"FAILED {directory / 'typo.yaml'}: config: ")
+    assert "FAILED ghost: topics: pipeline ghost: topic 'no_such_topic' is not available: it does not exist" in failed
+    assert f"FAILED ghost: table: {tmp_path / 'a-file' / 'ghost'}: {tmp_path / 'a-file'} is a file, not a directory" in failed
+    registry_line, = [line for line in failed if "schema registry" in line]
+    assert registry_line.startswith("FAILED unregistered: schema registry: ") and f"{topic}-value" in registry_line
+    assert len(failed) == 4, failed
+    assert "ok     good: table:" in every.stdout
+
+    # Nothing written: no table, no directory, no topic (a named Metadata request can auto-create one).
+    assert not (tmp_path / "delta").exists()
+    assert set(AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics) == topics_before

@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset | maintain | verify | list | schema``.
+"""Command line: ``oncemore run | plan | status | reset | maintain | verify | check | list | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 from . import __version__, faults
 from .config import (
-    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_pipeline, resolve_config_path,
+    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_named, load_pipeline,
     with_kafka_overrides,
 )
 from .coordinates import nested
@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="keep the result beside the table for the oncemore page (the maintenance DAG's verify "
                              "task does)")
     _spark_options(verify)
+    check = commands.add_parser("check", help="preflight: each pipeline's config, then its brokers, topics, schema "
+                                               "registry and table locations, one line per check (exit 1 on any "
+                                               "failure; nothing is written)")
+    check.add_argument("targets", nargs="*", metavar="PIPELINE | FILE",
+                       help="pipeline names or YAML files (default: every file of the pipelines directory)")
+    check.set_defaults(handler=_check)
     listing = commands.add_parser("list", help="the pipelines of the pipelines directory, and the files that do not "
                                                "load (exit 1 if any)")
     listing.set_defaults(handler=_list)
@@ -127,7 +133,7 @@ def _pipeline(args) -> Pipeline:
         if args.pipeline and args.pipeline != pipeline.name:
             raise ConfigError(str(args.config), "name", f"is {pipeline.name!r}, not {args.pipeline!r}")
     elif args.pipeline:
-        pipeline = load_pipeline(resolve_config_path(args.pipeline))
+        pipeline = load_named(args.pipeline)
     else:
         raise ConfigError("<command line>", "", "name a pipeline or pass --config FILE")
     # Kafka settings from an Airflow connection reach Spark jobs in a file: never on a command
@@ -250,6 +256,29 @@ def _list(_pipeline: None, _args) -> int:
     for path, problem in sorted(broken.items()):
         print(f"broken: {problem}" if str(problem).startswith(path) else f"broken: {path}: {problem}")
     return EXIT_FAILURE if broken else 0
+
+
+def _check(_pipeline: None, args) -> int:
+    from .preflight import Check, check_pipeline
+
+    loaded, checks = [], []
+    if args.targets:
+        for target in args.targets:
+            try:
+                is_file = target.endswith((".yaml", ".yml")) or os.sep in target
+                loaded.append(load_pipeline(Path(target)) if is_file else load_named(target))
+            except ConfigError as exc:
+                checks.append(Check(exc.source, "config", f"{exc.key}: {exc.problem}" if exc.key else exc.problem))
+    else:
+        loaded, broken = load_all()
+        checks += [Check(e.source, "config", f"{e.key}: {e.problem}" if e.key else e.problem) for e in broken.values()]
+    for check in checks:
+        print(check.line(), flush=True)
+    for pipeline in loaded:
+        for check in check_pipeline(pipeline):
+            checks.append(check)
+            print(check.line(), flush=True)
+    return 0 if all(c.ok for c in checks) else EXIT_FAILURE
 
 
 def _schema(_pipeline: None, _args) -> int:

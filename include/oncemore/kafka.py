@@ -97,7 +97,7 @@ def _all_brokers_down(admin: AdminClient) -> bool:
     return any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in getattr(admin, "client_errors", []))
 
 
-def _cluster_metadata(admin: AdminClient, pipeline: Pipeline):
+def cluster_metadata(admin: AdminClient, pipeline: Pipeline):
     """The cluster's metadata, asked until the stall timeout; but a run starting against bootstrap
     servers that are all down (a refused connection, a host name that does not resolve, a failed
     authentication: librdkafka says so within milliseconds) fails at once instead of waiting."""
@@ -144,7 +144,7 @@ def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
     source = pipeline.source
     # All topics, not named ones: a named Metadata request may auto-create a topic (brokers
     # with auto.create.topics.enable; librdkafka's admin handle allows it).
-    metadata = _cluster_metadata(admin, pipeline)
+    metadata = cluster_metadata(admin, pipeline)
     topics = source.topic_names or sorted(t for t in metadata.topics if source.subscribes(t))
     if not topics:
         raise KafkaSourceError(f"pipeline {pipeline.name}: no topic matches {source.topic_pattern!r} "

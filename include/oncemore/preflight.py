@@ -1,0 +1,141 @@
+"""``oncemore check``: a preflight for people adding pipelines. After a pipeline's config loads, it
+checks that the brokers answer, each topic exists (its partitions and topic ID), the schema
+registry has the subjects the formats read, and each table location holds a table oncemore can
+write, or is a place where the first run can create one. One ``Check`` per line.
+
+Invariant: it writes nothing anywhere. Kafka is asked for the whole cluster's metadata (a named
+topic's Metadata request may auto-create it) and DescribeTopics, the registry for the subjects'
+latest schemas, storage for a table's log or the directory or bucket a table would go in: no
+table, directory, consumer group or topic is created. Whether an object store takes writes can
+only be learned by writing, so there the check says it was not tried.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from . import kafka
+from .config import Pipeline
+from .ledger import open_table
+from .recordformat import resolve
+from .schema import QUARANTINE_SCHEMA
+from .storage import filesystem, table_location
+
+
+@dataclass(frozen=True)
+class Check:
+    subject: str  # the pipeline's name, or the file of a config that does not load
+    what: str
+    problem: str | None  # None: passed
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def line(self) -> str:
+        return f"{'ok    ' if self.ok else 'FAILED'} {self.subject}: {self.what}: {self.detail if self.ok else self.problem}"
+
+
+def check_pipeline(pipeline: Pipeline) -> list[Check]:
+    """Every check of a loaded pipeline (module docstring), in order; a check that could not be
+    asked because an earlier one failed is not listed."""
+    name = pipeline.name
+    checks = [Check(name, "config", None, pipeline.origin)]
+    admin = kafka.admin_client(pipeline)
+    try:
+        metadata = kafka.cluster_metadata(admin, pipeline)
+    except kafka.KafkaSourceError as exc:
+        checks.append(Check(name, "kafka", str(exc)))
+        topics = list(pipeline.source.topic_names)
+    else:
+        checks.append(Check(name, "kafka", None, f"{pipeline.source.bootstrap_servers} answers (cluster "
+                                                 f"{metadata.cluster_id}, {len(metadata.brokers)} brokers)"))
+        try:
+            source = kafka.describe_source(admin, pipeline)
+        except kafka.KafkaSourceError as exc:
+            checks.append(Check(name, "topics", str(exc)))
+            topics = list(pipeline.source.topic_names)
+        else:
+            topics = sorted(source.identities)
+            for topic in topics:
+                count = sum(1 for p in source.partitions if p.topic == topic)
+                topic_id = source.identities[topic].topic_id or "none (a broker before Kafka 2.8)"
+                checks.append(Check(name, f"topic {topic}", None, f"{count} partitions, topic ID {topic_id}"))
+    checks += _registry(pipeline, topics)
+    checks.append(_table(pipeline, "table", pipeline.sink.table_uri))
+    checks.append(_table(pipeline, "quarantine table", pipeline.sink.quarantine_uri))
+    return checks
+
+
+def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
+    blocks = [b for b, fmt in (("format", pipeline.format), ("key", pipeline.key)) if fmt is not None and fmt.schema_registry]
+    if not blocks:
+        return []
+    what = "schema registry"
+    if not topics:
+        return [Check(pipeline.name, what, "not asked: no topic of the pipeline is known (see above)")]
+    try:
+        spec = resolve(pipeline, topics)
+    except Exception as exc:  # RegistryError, FormatError: both name the registry, subject and cause
+        return [Check(pipeline.name, what, str(exc))]
+    found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
+    return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
+
+
+def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
+    options = pipeline.sink.storage_options
+    try:
+        table = open_table(table_location(table_uri), options)
+    except Exception as exc:  # permissions, a bucket that does not exist, a broken log
+        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {type(exc).__name__}: {exc}")
+    if table is not None:
+        return _existing(pipeline, what, table_uri, table)
+    fs, path = filesystem(table_uri, options)
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _creatable_here(pipeline, what, table_uri, Path(path))
+    bucket = path.split("/", 1)[0]
+    try:
+        found = fs.get_file_info(bucket)
+    except Exception as exc:
+        return Check(pipeline.name, what, f"{table_uri}: bucket {bucket} cannot be reached: {type(exc).__name__}: {exc}")
+    if found.type == pafs.FileType.NotFound:
+        return Check(pipeline.name, what, f"{table_uri}: bucket {bucket} does not exist")
+    return Check(pipeline.name, what, None, f"{table_uri}: no table yet, bucket {bucket} reachable; whether it takes "
+                                            "writes shows at the first run (checking would write)")
+
+
+def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
+    from .tables import check_writable  # imports pyspark's types: only once there is a table to check
+
+    try:
+        check_writable(table, table_uri)
+    except Exception as exc:
+        return Check(pipeline.name, what, str(exc))
+    partitioned = list(table.metadata().partition_columns)
+    wanted = list(pipeline.sink.partition_by) if what == "table" else []
+    if partitioned != wanted:
+        return Check(pipeline.name, what, f"{table_uri} is partitioned by {partitioned}, the pipeline says {wanted}")
+    if what == "quarantine table":
+        columns = set(table.schema().to_arrow().names)
+        missing = [f.name for f in QUARANTINE_SCHEMA if f.name not in columns]
+        if missing:
+            return Check(pipeline.name, what, f"{table_uri} is not a quarantine table: it has no {', '.join(missing)}")
+    return Check(pipeline.name, what, None, f"{table_uri}: a Delta table at version {table.version()} oncemore can write")
+
+
+def _creatable_here(pipeline: Pipeline, what: str, table_uri: str, path: Path) -> Check:
+    """A local table location: it or its nearest existing parent must be a directory this user may write."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return Check(pipeline.name, what, f"{table_uri}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return Check(pipeline.name, what, f"{table_uri}: {existing} is not writable by this user")
+    where = "the directory exists" if existing == path else f"{existing} is writable"
+    return Check(pipeline.name, what, None, f"{table_uri}: no table yet; {where}: the first run creates it")
