@@ -18,7 +18,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from oncemore import devbroker
-from oncemore.config import load_pipeline, resolve_config_path
+from oncemore.config import load_named, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def main() -> None:
         oncemore("run", "orders")  # nothing new: a no-op, no Spark
         oncemore("status", "orders")
 
-        pipeline = load_pipeline(resolve_config_path("orders"))
+        pipeline = load_named("orders")
         main_rows = DeltaTable(pipeline.sink.table_uri).count()
         quarantined = DeltaTable(pipeline.sink.quarantine_uri).count()
         print(f"\n{pipeline.sink.table_uri}: {main_rows} rows; quarantine: {quarantined} rows; "

@@ -19,7 +19,7 @@ VALID = {
     "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
     "limits": {"max_records_per_commit": 1000},
     "fail_on_data_loss": True,
-    "airflow": {"owner": "data-platform"},
+    "airflow": {"owner": "data-platform", "start_date": "2026-11-01T00:00:00Z"},
 }
 ENV = {"KAFKA_BOOTSTRAP": "kafka:9092", "KAFKA_PASSWORD": "hunter2"}
 
@@ -47,7 +47,8 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
     pipeline = load_pipeline(write(tmp_path, VALID), ENV)
     assert pipeline.source.bootstrap_servers == "kafka:9092"
     assert pipeline.source.kafka_options["sasl.password"] == "hunter2"
-    assert pipeline.source.starting_offsets == OffsetBound("earliest")
+    # A scheduled pipeline starts new partitions at its first data interval.
+    assert pipeline.source.starting_offsets == OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-11-01"))
     assert pipeline.limits.max_records_per_commit == 1000
     shown = str(pipeline.redacted())
     assert "hunter2" not in shown and "***" in shown and "SASL_SSL" in shown
@@ -60,8 +61,8 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("source.topics", ["a", "a"], "source.topic", "set exactly one of topic, topics and topic_pattern (found topic, topics)"),
         ("source.topic", "bad topic", "source.topic", "should match pattern"),
         ("source.topik", "x", "source.topik", "unknown key"),
-        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "valid integer"),
-        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "valid integer"),
+        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "must be an integer, got a string"),
+        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "must be an integer, got true/false"),
         ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "greater than or equal to 1"),
         ("format.type", "avro", "format.schema_registry", "with a url is required for avro"),
         ("format.type", "csv", "format.type", "'json', 'avro', 'protobuf', 'raw' or 'string'"),
@@ -71,7 +72,14 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
         ("sink.partition_by", ["nope"], "sink.partition_by", "not a column"),
         ("sink.partition_by", ["amount"], "sink.partition_by", "has type double"),
-        ("fail_on_data_loss", "yes", "fail_on_data_loss", "valid boolean"),
+        ("fail_on_data_loss", "yes", "fail_on_data_loss", "must be true or false, got a string"),
+        ("sink.partition_by", "day", "sink.partition_by", "must be a list, got a string"),
+        ("source.bootstrap_servers", KeyError, "source.bootstrap_servers", "is required"),
+        ("airflow.start_date", KeyError, "airflow.start_date", "is required"),
+        ("airflow.schedule", "0 25 * * *", "airflow.schedule", "'0 25 * * *' is not a valid cron (out of range)"),
+        ("airflow.schedule", "@every_hour", "airflow.schedule", "is not a 5-field cron (minute hour day-of-month "
+                                                                "month day-of-week) or one of @hourly, @daily"),
+        ("airflow.schedule", "*/5 * *", "airflow.schedule", "'*/5 * *' is not a 5-field cron"),
         ("name", "Orders!", "name", "lowercase"),
     ],
 )
@@ -125,6 +133,27 @@ def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path
         assert error.value.key == f"{block}tpyo" and error.value.problem.startswith("unknown key (allowed: "), block
 
 
+def test_a_misspelt_key_is_named_with_the_key_meant_and_every_problem_is_reported(tmp_path):
+    doc = with_change("source.bootstrap_servers", KeyError)
+    doc["source"]["bootstrap_server"] = "kafka:9092"
+    doc["limits"]["max_records_per_comit"] = 5
+    doc["sink"]["partition_by"] = "day"
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    # The key meant is not reported missing as well; the other problem follows, all on one line.
+    assert error.value.problems == [
+        ("source.bootstrap_server", "unknown key; did you mean source.bootstrap_servers?"),
+        ("limits.max_records_per_comit", "unknown key; did you mean limits.max_records_per_commit?"),
+        ("sink.partition_by", "must be a list, got a string")]
+    assert str(error.value).count("\n") == 0
+
+
+def test_airflow_presets_are_their_crons_and_a_pipeline_without_airflow_has_no_dag_settings(tmp_path):
+    pipeline = load_pipeline(write(tmp_path, with_change("airflow.schedule", "@hourly")), ENV)
+    assert pipeline.airflow.schedule == "0 * * * *"
+    assert load_pipeline(write(tmp_path, with_change("airflow", KeyError)), ENV).airflow is None
+
+
 def test_a_yaml_syntax_error_names_line_and_column_never_the_text(tmp_path):
     path = write(tmp_path, "name: orders\nsource:\n  kafka_options: {sasl.password: hunter2secret\nsink: x\n")
     with pytest.raises(ConfigError) as error:
@@ -154,11 +183,16 @@ def test_missing_env_var_is_named(tmp_path):
         load_pipeline(write(tmp_path, VALID), {"KAFKA_BOOTSTRAP": "k:9092"})
 
 
-def test_env_default_and_file_name_must_match(tmp_path):
+def test_env_default_and_a_file_of_any_name_but_in_the_pipelines_directory(tmp_path, monkeypatch):
     doc = with_change("source.bootstrap_servers", "${NOT_SET:-127.0.0.1:9092}")
     assert load_pipeline(write(tmp_path, doc), ENV).source.bootstrap_servers == "127.0.0.1:9092"
-    with pytest.raises(ConfigError, match="must match the file name"):
-        load_pipeline(write(tmp_path, doc, name="other"), ENV)
+    # --config takes any file; in the pipelines directory a file is named after its pipeline.
+    other = write(tmp_path, doc, name="other")
+    assert load_pipeline(other, ENV).name == "orders"
+    for key, value in {**ENV, "ONCEMORE_PIPELINES_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    loaded, broken = load_all()
+    assert "must match the file name 'other' in the pipelines directory" in str(broken[str(other)])
 
 
 def test_not_yaml_and_not_a_mapping(tmp_path):

@@ -8,6 +8,7 @@ before anything runs.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import yaml
 from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, StrictBool, StrictInt, StrictStr,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, StrictBool, StrictInt, StrictStr,
     ValidationError, WithJsonSchema, field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -38,11 +39,13 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigError(ValueError):
-    """A pipeline configuration problem, with the file and key it is about."""
+    """A pipeline configuration's problems, each with the key it is about, in one line naming the
+    file; ``key`` and ``problem`` are the first."""
 
-    def __init__(self, source: str, key: str, problem: str):
+    def __init__(self, source: str, key: str, problem: str, more: Iterable[tuple[str, str]] = ()):
         self.source, self.key, self.problem = source, key, problem
-        super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+        self.problems = [(key, problem), *more]
+        super().__init__(f"{source}: " + "; ".join(f"{k}: {p}" if k else p for k, p in self.problems))
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,31 @@ StartingOffsets = Annotated[
     ]}),
 ]
 Positive = Annotated[StrictInt, Field(ge=1)]
-Cron = Annotated[StrictStr, Field(pattern=r"^\s*\S+(\s+\S+){4}\s*$")]  # 5 fields; Airflow parses the rest
+# Airflow's cron presets, as the 5-field crons Airflow reads them as.
+CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
+                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+
+
+def _cron(value: str) -> str:
+    """A 5-field cron Airflow accepts (a preset becomes its cron), checked where the file loads
+    rather than when Airflow first parses the DAG."""
+    from croniter import CroniterError, croniter  # Airflow's own cron parser; imported only to validate
+
+    text = CRON_PRESETS.get(value.strip(), value.strip())
+    if len(text.split()) != 5:
+        raise PydanticCustomError("cron", "{problem}", {"problem": (
+            f"{value!r} is not a 5-field cron (minute hour day-of-month month day-of-week) or one of "
+            f"{', '.join(CRON_PRESETS)}")})
+    try:
+        croniter(text)
+    except CroniterError as exc:
+        reason = str(exc).split("] ", 1)[-1].removeprefix("is not acceptable").strip(", ")
+        raise PydanticCustomError("cron", "{problem}", {"problem": f"{value!r} is not a valid cron"
+                                                                   + (f" ({reason})" if reason else "")}) from None
+    return text
+
+
+Cron = Annotated[StrictStr, AfterValidator(_cron), Field(json_schema_extra={"examples": ["0 * * * *", "@hourly"]})]
 
 
 def _option_text(value: Any) -> str:
@@ -350,10 +377,12 @@ class Limits(_Model):
 
 
 class AirflowSettings(_Model):
-    """How the pipeline's DAG runs. Runs cover data intervals of ``schedule`` (a cron string)."""
+    """How the pipeline's DAG runs (a pipeline without this block has no DAG: CLI only). Runs cover
+    data intervals of ``schedule``."""
 
-    schedule: Cron = Field(default="0 * * * *", description="5-field cron; each run covers one interval of it")
-    start_date: datetime | None = Field(default=None, description="ISO-8601; without a zone, UTC")
+    schedule: Cron = Field(default="0 * * * *", description="5-field cron or an Airflow preset (@hourly, @daily, ...); "
+                                                            "each run covers one interval of it")
+    start_date: datetime = Field(description="ISO-8601; without a zone, UTC: the first data interval starts here")
     catchup: StrictBool = False
     max_active_runs: Positive = 1
     owner: StrictStr = "oncemore"
@@ -369,12 +398,12 @@ class AirflowSettings(_Model):
 
     @field_validator("start_date")
     @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+    def _utc(cls, value: datetime) -> datetime:
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
 
     @property
-    def start_date_ms(self) -> int | None:
-        return None if self.start_date is None else parse_timestamp_ms(self.start_date)
+    def start_date_ms(self) -> int:
+        return parse_timestamp_ms(self.start_date)
 
 
 # Vacuum never deletes a file younger than this: an ingestion writes its files before it
@@ -387,7 +416,7 @@ class Maintenance(_Model):
     compaction of small files, a checkpoint, and vacuum of files no version within the retention
     still needs; and, on ``verify``'s schedule, the audit of the tables (``oncemore verify``)."""
 
-    schedule: Cron = Field(default="30 3 * * *", description="5-field cron")
+    schedule: Cron = Field(default="30 3 * * *", description="5-field cron or an Airflow preset")
     target_file_size_mb: Positive = Field(default=128, description="compaction rewrites smaller files into files of about this size")
     vacuum_retention_hours: StrictInt = Field(
         default=168, ge=VACUUM_RETENTION_FLOOR_HOURS,
@@ -410,7 +439,8 @@ class Pipeline(_Model):
 
     model_config = ConfigDict(frozen=True, extra="forbid", title="oncemore pipeline")
 
-    name: StrictStr = Field(description="lowercase letters, digits and _, starting with a letter; the file's name")
+    name: StrictStr = Field(description="lowercase letters, digits and _, starting with a letter; in the pipelines "
+                                          "directory, the file's name")
     source: Source
     sink: Sink
     format: Format
@@ -429,7 +459,7 @@ class Pipeline(_Model):
     commit_consumer_group: StrictBool = False
     alert: Alert = Alert()
     maintenance: Maintenance | None = None
-    airflow: AirflowSettings = AirflowSettings()
+    airflow: AirflowSettings | None = Field(default=None, description="the pipeline's Airflow DAG; without it, no DAG")
     _origin: str = PrivateAttr("<config>")
 
     @field_validator("name")
@@ -442,9 +472,8 @@ class Pipeline(_Model):
     @model_validator(mode="after")
     def _start_at_start_date(self) -> "Pipeline":
         # A scheduled pipeline starts with its first data interval.
-        start = self.airflow.start_date_ms
-        if start is not None and "starting_offsets" not in self.source.model_fields_set:
-            bound = OffsetBound(kind="timestamp", timestamp_ms=start)
+        if self.airflow is not None and "starting_offsets" not in self.source.model_fields_set:
+            bound = OffsetBound(kind="timestamp", timestamp_ms=self.airflow.start_date_ms)
             object.__setattr__(self, "source", self.source.model_copy(update={"starting_offsets": bound}))
         return self
 
@@ -529,6 +558,11 @@ def known_pipeline_names() -> list[str]:
     return sorted(p.stem for p in pipelines_dir().glob("*.y*ml"))
 
 
+def load_named(name: str) -> Pipeline:
+    """Pipeline ``name``: its YAML file in the pipelines directory."""
+    return _directory_pipeline(resolve_config_path(name))
+
+
 def resolve_config_path(name: str) -> Path:
     """The YAML file of pipeline ``name`` in the pipelines directory."""
     directory = pipelines_dir()
@@ -540,6 +574,8 @@ def resolve_config_path(name: str) -> Path:
 
 
 def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline of a YAML file, named anything (``--config``; in the pipelines directory a
+    file is named after its pipeline, which is how a name finds it)."""
     path = Path(path)
     source = str(path)
     try:
@@ -550,9 +586,14 @@ def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) ->
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, "", f"not valid YAML: {_yaml_problem(exc)}") from None
-    pipeline = parse_pipeline(raw, source, os.environ if environ is None else environ)
+    return parse_pipeline(raw, source, os.environ if environ is None else environ)
+
+
+def _directory_pipeline(path: Path) -> Pipeline:
+    pipeline = load_pipeline(path)
     if pipeline.name != path.stem:
-        raise ConfigError(source, "name", f"must match the file name {path.stem!r}, got {pipeline.name!r}")
+        raise ConfigError(str(path), "name", f"must match the file name {path.stem!r} in the pipelines directory, got "
+                                             f"{pipeline.name!r}")
     return pipeline
 
 
@@ -571,7 +612,7 @@ def load_all(directory: Path | None = None) -> tuple[list[Pipeline], dict[str, C
     loaded, broken = [], {}
     for path in sorted((directory or pipelines_dir()).glob("*.y*ml")):
         try:
-            loaded.append(load_pipeline(path))
+            loaded.append(_directory_pipeline(path))
         except ConfigError as exc:
             broken[str(path)] = exc
         except Exception as exc:  # a bug of ours must not take every other pipeline's DAG down
@@ -628,28 +669,54 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
     try:
         pipeline = Pipeline.model_validate(substitute_env(raw, source, environ))
     except ValidationError as exc:
-        errors = exc.errors(include_input=False, include_url=False)
+        problems = [_problem(e) for e in exc.errors(include_url=False)]
         # A misspelt key also leaves the right one missing: the unknown key says what happened.
-        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-        raise _config_error(source, errors[0]) from None
+        meant = {suggested for _, _, suggested in problems if suggested}
+        found = sorted(((k, p) for k, p, _ in problems if k not in meant), key=lambda kp: not kp[1].startswith("unknown"))
+        found = list(dict.fromkeys(found))  # a union's members may each report the same problem
+        raise ConfigError(source, *found[0], more=found[1:]) from None
     pipeline._origin = source
     return pipeline
 
 
-def _config_error(source: str, error: Mapping[str, Any]) -> ConfigError:
-    """Pydantic's error as file, dotted key and problem. The message never quotes the input."""
+# What a YAML value is, for "got ..." (never the value itself: it may be a substituted secret).
+_YAML_KINDS = {str: "a string", int: "a number", float: "a number", bool: "true/false", list: "a list",
+               dict: "a mapping", type(None): "nothing (null)"}
+# Pydantic's wording, in a YAML writer's words.
+_PLAIN_WORDS = [(r"^Value error, ", ""), (r"^Input should be ", "must be "), (r"^String should ", "should "),
+                (r"a valid (tuple|list)", "a list"), (r"a valid dictionary( or instance of \w+)?", "a mapping"),
+                (r"a valid string", "a string"), (r"a valid integer(, unable to parse string as an integer)?", "an integer"),
+                (r"a valid boolean(, unable to interpret input)?", "true or false"), (r"a valid number", "a number")]
+
+
+def _problem(error: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """Pydantic's error as (dotted key, problem, the key it was probably meant as). The problem
+    never quotes the input; a type error names the YAML kind given."""
     loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
     context = error.get("ctx") or {}
     if context.get("key"):
         loc.append(context["key"])
-    problem = error["msg"]
+    # Pydantic names the member of a union it tried (transform.PythonTransform.python): not a key.
+    members = {m.__name__ for m in _all_models(Pipeline)} | {m.__name__ for n in _all_models(Pipeline) for m in _models_in(n)}
+    keys = [p for p in loc if p not in members | {"str", "int", "float", "bool"}]
+    key, meant = ".".join(keys), None
     if error["type"] == "missing":
         problem = "is required"
     elif error["type"] == "extra_forbidden":
-        problem = f"unknown key (allowed: {', '.join(_allowed_keys(loc[:-1]))})"
-    # Pydantic names the member of a union it tried (transform.PythonTransform.python): not a key.
-    members = {m.__name__ for m in _all_models(Pipeline)} | {m.__name__ for n in _all_models(Pipeline) for m in _models_in(n)}
-    return ConfigError(source, ".".join(p for p in loc if p not in members | {"str", "int", "float", "bool"}), problem)
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(keys[-1], allowed, n=1, cutoff=0.75)
+        if close:
+            meant = ".".join([*keys[:-1], close[0]])
+            problem = f"unknown key; did you mean {meant}?"
+        else:
+            problem = f"unknown key (allowed: {', '.join(allowed)})"
+    else:
+        problem = error["msg"]
+        for pattern, plain in _PLAIN_WORDS:
+            problem = re.sub(pattern, plain, problem)
+        if error["type"].endswith("_type") and "input" in error:
+            problem += f", got {_YAML_KINDS.get(type(error['input']), type(error['input']).__name__)}"
+    return key, problem, meant
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:

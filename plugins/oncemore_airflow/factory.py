@@ -35,8 +35,9 @@ def table_asset(pipeline: Pipeline) -> Asset:
 
 
 def check_schedulable(pipeline: Pipeline) -> None:
-    if pipeline.airflow.start_date_ms is None:
-        raise ConfigError(pipeline.origin, "airflow.start_date", "is required to schedule the pipeline's DAG")
+    if pipeline.airflow is None:
+        raise ConfigError(pipeline.origin, "airflow", "is missing: Airflow makes a DAG of a pipeline with an airflow "
+                                                      "block (airflow.start_date, and schedule)")
 
 
 def build_dag(pipeline: Pipeline) -> DAG:

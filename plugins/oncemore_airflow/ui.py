@@ -50,7 +50,7 @@ def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
     manager = get_auth_manager()
     readable = [p for p in pipelines
                 if manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id(p.name)), user=user)]
-    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id).get_pipeline() for p in readable], {
+    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id if p.airflow else None).get_pipeline() for p in readable], {
         path: str(error) for path, error in broken.items()}
 
 
