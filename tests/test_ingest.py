@@ -516,3 +516,19 @@ def test_a_record_read_but_in_no_file_is_refused_without_a_transform(broker, top
                                               r"written and 0 quarantined, and no transform filters"):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert read_pairs(pipeline.sink.table_uri) == []
+
+
+def test_a_table_location_that_cannot_take_a_table_fails_naming_pipeline_and_key_and_creates_neither(
+        broker, topic, make_pipeline, tmp_path):
+    from oncemore.errors import TableLocationError
+
+    broker.produce(topic, orders(0, 30))
+    (tmp_path / "a-file").write_text("not a directory")
+    for key in ("table_uri", "quarantine_uri"):
+        pipeline = make_pipeline(topic, name=f"bad_{key.split('_')[0]}", sink={key: str(tmp_path / "a-file" / "t")})
+        with pytest.raises(TableLocationError, match=rf"^pipeline bad_\w+: sink\.{key} {tmp_path}/a-file/t: no table can "
+                                                     rf"be created there: {tmp_path}/a-file is a file, not a directory; "
+                                                     "nothing was created$"):
+            runner.run(pipeline, spark_factory=no_spark)
+        other = pipeline.sink.quarantine_uri if key == "table_uri" else pipeline.sink.table_uri
+        assert not Path(other).exists(), "the other table was created"

@@ -69,6 +69,10 @@ class InvalidDataFile(OncemoreError):
     """A written file is not what the commit may reference (missing, wrong schema, offsets outside its range)."""
 
 
+class TableLocationError(OncemoreError):
+    """No table can be created where the pipeline's config puts one."""
+
+
 class UnsupportedTable(OncemoreError):
     """An existing table asks writers for work oncemore does not do (constraints, features)."""
 

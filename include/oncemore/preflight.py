@@ -12,18 +12,14 @@ only be learned by writing, so there the check says it was not tried.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
-
-import pyarrow.fs as pafs
 
 from . import kafka
 from .config import Pipeline
 from .ledger import open_table
 from .recordformat import resolve
 from .schema import QUARANTINE_SCHEMA
-from .storage import filesystem, table_location
+from .storage import location_problem, table_location
 
 
 @dataclass(frozen=True)
@@ -95,18 +91,12 @@ def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
         return Check(pipeline.name, what, f"{table_uri}: cannot be read: {type(exc).__name__}: {exc}")
     if table is not None:
         return _existing(pipeline, what, table_uri, table)
-    fs, path = filesystem(table_uri, options)
-    if isinstance(fs, pafs.LocalFileSystem):
-        return _creatable_here(pipeline, what, table_uri, Path(path))
-    bucket = path.split("/", 1)[0]
-    try:
-        found = fs.get_file_info(bucket)
-    except Exception as exc:
-        return Check(pipeline.name, what, f"{table_uri}: bucket {bucket} cannot be reached: {type(exc).__name__}: {exc}")
-    if found.type == pafs.FileType.NotFound:
-        return Check(pipeline.name, what, f"{table_uri}: bucket {bucket} does not exist")
-    return Check(pipeline.name, what, None, f"{table_uri}: no table yet, bucket {bucket} reachable; whether it takes "
-                                            "writes shows at the first run (checking would write)")
+    problem = location_problem(table_uri, options)
+    if problem:
+        return Check(pipeline.name, what, f"{table_uri}: {problem}")
+    local = "://" not in table_location(table_uri)
+    return Check(pipeline.name, what, None, f"{table_uri}: no table yet; the first run creates it" + (
+        "" if local else " (whether the store takes writes shows then: checking would write)"))
 
 
 def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
@@ -126,16 +116,3 @@ def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
         if missing:
             return Check(pipeline.name, what, f"{table_uri} is not a quarantine table: it has no {', '.join(missing)}")
     return Check(pipeline.name, what, None, f"{table_uri}: a Delta table at version {table.version()} oncemore can write")
-
-
-def _creatable_here(pipeline: Pipeline, what: str, table_uri: str, path: Path) -> Check:
-    """A local table location: it or its nearest existing parent must be a directory this user may write."""
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return Check(pipeline.name, what, f"{table_uri}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return Check(pipeline.name, what, f"{table_uri}: {existing} is not writable by this user")
-    where = "the directory exists" if existing == path else f"{existing} is writable"
-    return Check(pipeline.name, what, None, f"{table_uri}: no table yet; {where}: the first run creates it")

@@ -9,6 +9,7 @@ pyarrow's and delta-rs's own URI handling, untested here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit
@@ -30,6 +31,29 @@ def filesystem(table_uri: str, storage_options: Mapping[str, str] | None = None)
         return _s3(storage_options or {}), f"{parts.netloc}{parts.path}".rstrip("/")
     fs, path = pafs.FileSystem.from_uri(table_uri)
     return fs, path.rstrip("/")
+
+
+def location_problem(table_uri: str, storage_options: Mapping[str, str] | None = None) -> str | None:
+    """Why no table can be created at ``table_uri``, found without writing; None when nothing
+    says so. Locally: the location or its nearest existing parent must be a directory this user
+    may write. In an object store: the bucket must exist (whether it takes this user's writes
+    shows only by writing)."""
+    fs, path = filesystem(table_uri, storage_options)
+    if isinstance(fs, pafs.LocalFileSystem):
+        existing = Path(path)
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"{existing} is a file, not a directory"
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"{existing} is not writable by this user"
+        return None
+    bucket = path.split("/", 1)[0]
+    try:
+        found = fs.get_file_info(bucket)
+    except Exception as exc:
+        return f"bucket {bucket} cannot be reached: {type(exc).__name__}: {exc}"
+    return f"bucket {bucket} does not exist" if found.type == pafs.FileType.NotFound else None
 
 
 def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:

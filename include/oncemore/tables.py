@@ -26,11 +26,11 @@ from deltalake import DeltaTable, Schema, TableFeatures
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, TimestampNTZType
 
 from .config import Pipeline
-from .errors import InvalidDataFile, UnsupportedTable
+from .errors import InvalidDataFile, OncemoreError, TableLocationError, UnsupportedTable
 from .evolution import arrow_schema, evolve, spark_schema
 from .ledger import open_table
-from .schema import QUARANTINE_SCHEMA
-from .storage import table_location
+from .schema import QUARANTINE_SCHEMA, SchemaError
+from .storage import location_problem, table_location
 
 log = logging.getLogger("oncemore")
 
@@ -116,12 +116,29 @@ def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map
 def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
     """The pipeline's main table (its schema brought to ``schema``'s; returned) and quarantine table,
     created when missing, checked otherwise."""
-    options, subscription = pipeline.sink.storage_options, pipeline.source.describe_subscription()
-    ensure_table(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-                 f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored",
-                 options)
-    return ensure_table(pipeline.sink.table_uri, schema, pipeline.sink.partition_by, pipeline.name,
-                        f"oncemore pipeline {pipeline.name}: {subscription}", options, pipeline.sink.schema_evolution)
+    sink, subscription = pipeline.sink, pipeline.source.describe_subscription()
+    options = dict(sink.storage_options) if sink.storage_options else None
+    # Both locations checked before either table is created: a refused one leaves nothing behind.
+    tables = (("sink.quarantine_uri", sink.quarantine_uri), ("sink.table_uri", sink.table_uri))
+    for key, uri in tables:
+        problem = None if DeltaTable.is_deltatable(table_location(uri), options) else location_problem(uri, options)
+        if problem:
+            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: no table can be created there: {problem}; "
+                                     "nothing was created", pipeline=pipeline.name, key=key, table_uri=uri)
+
+    def ready(key: str, uri: str, *arguments) -> pa.Schema:
+        try:
+            return ensure_table(uri, *arguments)
+        except (OncemoreError, SchemaError):
+            raise
+        except Exception as exc:  # the store refused (permissions, a bucket's policy): name pipeline and key
+            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {type(exc).__name__}: {exc}",
+                                     pipeline=pipeline.name, key=key, table_uri=uri) from exc
+
+    ready("sink.quarantine_uri", sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
+          f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options)
+    return ready("sink.table_uri", sink.table_uri, schema, sink.partition_by, pipeline.name,
+                 f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution)
 
 
 def check_writable(table: DeltaTable, table_uri: str) -> None:
