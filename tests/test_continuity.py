@@ -5,6 +5,9 @@ is a commit of its own; checkpoints, compaction and vacuum leave positions alone
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -20,7 +23,7 @@ from oncemore.ledger import Ledger
 from oncemore.planner import plan_run
 from oncemore.reset import reset
 
-from conftest import assert_exactly_once, by_partition, held_positions, keyed, orders, read_pairs
+from conftest import ROOT, assert_exactly_once, by_partition, held_positions, keyed, orders, read_pairs
 
 pytestmark = pytest.mark.spark
 
@@ -50,6 +53,13 @@ def test_a_recreated_topic_stops_the_run_until_a_deliberate_reset(broker, topic,
         runner.run(pipeline, spark_factory=no_spark)
     version = DeltaTable(pipeline.sink.table_uri).version()
 
+    said = subprocess.run([sys.executable, "-m", "oncemore.cli", "reset", "--config", pipeline.origin, "--to", "earliest",
+                           "--dry-run"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "include")})
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.startswith("orders: positions would be reset from {") and "nothing committed" in said.stdout
+    assert f'to {{"{topic}": {{"0": 0, "1": 0, "2": 0}}}}' in said.stdout
+    assert DeltaTable(pipeline.sink.table_uri).version() == version
     done = reset(pipeline, OffsetBound("earliest"))
     assert done["to"] == keyed(topic, {0: 0, 1: 0, 2: 0})
     assert done["from"] == keyed(topic, {p: len(by_partition(old)[p]) for p in (0, 1, 2)})

@@ -89,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                             "partitions keep their position)")
     reset.add_argument("--topic", action="append", default=[], dest="topics", metavar="TOPIC",
                        help="reset only this topic's partitions (repeatable; default: every topic of the pipeline)")
+    reset.add_argument("--dry-run", action="store_true", help="check and print the new positions, commit nothing")
     reset.add_argument("--take-over", action="store_true",
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
@@ -235,9 +236,12 @@ def _reset(pipeline: Pipeline, args) -> int:
         to = OffsetBound.parse(args.to)
     except ValueError as exc:
         raise ValueError(f"--to {exc}") from None
-    done = reset(pipeline, to, take_over=args.take_over, topics=args.topics)
-    print(f"{pipeline.name}: positions reset from {json.dumps(nested(done['from']))} to {json.dumps(nested(done['to']))} "
-          f"(versions: {json.dumps(done['versions'])})")
+    done = reset(pipeline, to, take_over=args.take_over, topics=args.topics, dry_run=args.dry_run)
+    moves = f"from {json.dumps(nested(done['from']))} to {json.dumps(nested(done['to']))}"
+    if args.dry_run:
+        print(f"{pipeline.name}: positions would be reset {moves} (dry run: nothing committed)")
+    else:
+        print(f"{pipeline.name}: positions reset {moves} (versions: {json.dumps(done['versions'])})")
     return 0
 
 

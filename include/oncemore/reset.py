@@ -24,7 +24,7 @@ from .tables import ensure_tables
 
 
 def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False,
-          topics: Iterable[str] = ()) -> dict[str, Any]:
+          topics: Iterable[str] = (), dry_run: bool = False) -> dict[str, Any]:
     """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) of
     ``topics`` (default: every topic of the pipeline) in both tables. An unnamed partition keeps
     each table's own position, and one without a position stays without (a run starts it as it
@@ -34,7 +34,8 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
 
     ``take_over`` lets this pipeline take the topic over in a table where another pipeline
     ingests it: the reset commits make this pipeline the owner, and the other one's runs are
-    refused from then on."""
+    refused from then on. ``dry_run``: every check made and the positions resolved, nothing
+    created or committed."""
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_source(admin, pipeline)
     chosen = set(topics) or set(state.topics)
@@ -66,6 +67,8 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     target = {p: resolved[p] if p in named else before[p] for p in log}
     quarantine_before = quarantine.positions(state.partitions)
     quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
+    if dry_run:
+        return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": {}}
     ensure_tables(pipeline, _table_schema(pipeline, main, state.topics))
     run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
     versions = {}
