@@ -140,10 +140,14 @@ def test_freshness_alert_names_the_partition_beyond_the_limits(broker, topic, ma
 def test_progress_is_a_json_line_off_a_terminal_and_one_rewritten_line_on_one(caplog):
     with caplog.at_level(logging.INFO, logger="oncemore.progress"):
         progress = Progress("orders", batches=2, offsets=1000, stream=io.StringIO())
+        time.sleep(1.0)  # Spark starting: not in the rate
+        progress.begin()
         time.sleep(0.2)
         figures = progress.advance(0, 400, 398, 52_000)
     line = json.loads(caplog.records[-1].getMessage())
-    assert line == figures and line["event"] == "progress" and line["batch"] == 1 and line["batches"] == 2
+    # Batches are numbered as the plan, the log and the commit records number them.
+    assert line == figures and line["event"] == "progress" and line["batch"] == 0 and line["batches"] == 2
+    assert line["seconds"] < 0.5
     assert (line["offsets_done"], line["offsets_total"], line["records"], line["bytes"]) == (400, 1000, 398, 52_000)
     assert 0 < line["records_per_second"] <= 2_000 and line["eta_seconds"] == pytest.approx(
         600 / line["records_per_second"], abs=0.1)
@@ -157,8 +161,9 @@ def test_progress_is_a_json_line_off_a_terminal_and_one_rewritten_line_on_one(ca
     progress.advance(0, 400, 400, 52_000)
     progress.advance(1, 600, 600, 78_000)
     first, second = terminal.getvalue().split("\r")[1:]
-    assert first.startswith("orders: batch 1/2,  40.0% of 1,000 offsets, 400 records, 50.8 KiB") and "ETA" in first
-    assert second.startswith("orders: batch 2/2, 100.0% of 1,000 offsets, 1,000 records, 127.0 KiB") and second.endswith("\n")
+    assert first.startswith("orders: batch 0 (of 2),  40.0% of 1,000 offsets, 400 records, 50.8 KiB") and "ETA" in first
+    assert second.startswith("orders: batch 1 (of 2), 100.0% of 1,000 offsets, 1,000 records, 127.0 KiB")
+    assert second.endswith("\n")
 
 
 @pytest.mark.spark

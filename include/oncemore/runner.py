@@ -232,6 +232,7 @@ class _Run:
         tasks, budget = split_tasks({p: r for p, r in left.items() if r.count}, limits, self.bytes_per_offset)
         # Spark starts here (task_slots), before the part's record takes the run's phases.
         groups = group_tasks(tasks, self.task_slots, pipeline.limits.max_records_per_partition) if tasks else []
+        self.progress.begin()
         part = Part(
             pipeline=pipeline.name, run_id=self.run_id, batch_seq=batch.seq, until=plan.until,
             table_uri=pipeline.sink.table_uri, quarantine_uri=pipeline.sink.quarantine_uri,
