@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_exactly_once, orders, read_pairs
+from conftest import ROOT, assert_exactly_once, orders, read_pairs
 
 INCLUDE = str(Path(__file__).resolve().parents[1] / "include")
 
@@ -150,3 +150,16 @@ def test_check_says_what_works_and_what_not_one_line_each_and_writes_nothing(bro
     # Nothing written: no table, no directory, no topic (a named Metadata request can auto-create one).
     assert not (tmp_path / "delta").exists()
     assert set(AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics) == topics_before
+
+
+def test_the_readme_lists_every_command_and_option_the_cli_has():
+    from oncemore.cli import _parser
+
+    block = (ROOT / "README.md").read_text().split("## CLI", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = {line.split()[1]: line for line in block.strip().splitlines() if len(line.split()) > 1}
+    commands = next(a for a in _parser()._actions if a.dest == "command").choices
+    assert set(lines) - {"--version"} == set(commands)
+    for name, command in commands.items():
+        options = {o for a in command._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--config"}
+        missing = [o for o in sorted(options) if o not in lines[name]]
+        assert not missing, f"README's `oncemore {name}` lacks {missing}"
