@@ -163,3 +163,24 @@ def test_the_readme_lists_every_command_and_option_the_cli_has():
         options = {o for a in command._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--config"}
         missing = [o for o in sorted(options) if o not in lines[name]]
         assert not missing, f"README's `oncemore {name}` lacks {missing}"
+
+
+def test_check_on_s3_finds_a_missing_bucket_and_writes_nothing_to_an_existing_one(broker, topic, make_pipeline,
+                                                                                  s3_server, s3_bucket):
+    options = s3_server.storage_options()
+    there = make_pipeline(topic, name="there", sink={"table_uri": f"{s3_bucket}/there",
+                                                     "quarantine_uri": f"{s3_bucket}/there_quarantine",
+                                                     "storage_options": options})
+    make_pipeline(topic, name="nowhere", sink={"table_uri": "s3://no-such-bucket/t",
+                                               "quarantine_uri": f"{s3_bucket}/nowhere_quarantine",
+                                               "storage_options": options})
+    env = {"ONCEMORE_PIPELINES_DIR": str(Path(there.origin).parent)}
+
+    result = oncemore("check", "there", "nowhere", env=env, check_no_spark=True)
+
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert f"ok     there: table: {s3_bucket}/there: no table yet; the first run creates it (whether the store " \
+           "takes writes shows then: checking would write)" in lines
+    assert "FAILED nowhere: table: s3://no-such-bucket/t: bucket no-such-bucket does not exist" in lines
+    assert s3_server.client().list_objects_v2(Bucket=s3_bucket.removeprefix("s3://")).get("KeyCount", 0) == 0

@@ -85,15 +85,16 @@ def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
 
 def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
     options = pipeline.sink.storage_options
-    try:
-        table = open_table(table_location(table_uri), options)
-    except Exception as exc:  # permissions, a bucket that does not exist, a broken log
-        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {type(exc).__name__}: {exc}")
-    if table is not None:
-        return _existing(pipeline, what, table_uri, table)
     problem = location_problem(table_uri, options)
     if problem:
         return Check(pipeline.name, what, f"{table_uri}: {problem}")
+    try:
+        table = open_table(table_location(table_uri), options)
+    except Exception as exc:  # permissions, a broken log: the store's message, first line
+        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {type(exc).__name__}: "
+                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    if table is not None:
+        return _existing(pipeline, what, table_uri, table)
     local = "://" not in table_location(table_uri)
     return Check(pipeline.name, what, None, f"{table_uri}: no table yet; the first run creates it" + (
         "" if local else " (whether the store takes writes shows then: checking would write)"))

@@ -36,8 +36,9 @@ def filesystem(table_uri: str, storage_options: Mapping[str, str] | None = None)
 def location_problem(table_uri: str, storage_options: Mapping[str, str] | None = None) -> str | None:
     """Why no table can be created at ``table_uri``, found without writing; None when nothing
     says so. Locally: the location or its nearest existing parent must be a directory this user
-    may write. In an object store: the bucket must exist (whether it takes this user's writes
-    shows only by writing)."""
+    may write. In an object store: the bucket must not be missing (a user may write a prefix
+    without the right to look at the bucket, so an error asking says nothing; whether the store
+    takes this user's writes shows only by writing)."""
     fs, path = filesystem(table_uri, storage_options)
     if isinstance(fs, pafs.LocalFileSystem):
         existing = Path(path)
@@ -50,10 +51,10 @@ def location_problem(table_uri: str, storage_options: Mapping[str, str] | None =
         return None
     bucket = path.split("/", 1)[0]
     try:
-        found = fs.get_file_info(bucket)
-    except Exception as exc:
-        return f"bucket {bucket} cannot be reached: {type(exc).__name__}: {exc}"
-    return f"bucket {bucket} does not exist" if found.type == pafs.FileType.NotFound else None
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:
+        return None
+    return f"bucket {bucket} does not exist" if missing else None
 
 
 def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:

@@ -121,7 +121,7 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
     # Both locations checked before either table is created: a refused one leaves nothing behind.
     tables = (("sink.quarantine_uri", sink.quarantine_uri), ("sink.table_uri", sink.table_uri))
     for key, uri in tables:
-        problem = None if DeltaTable.is_deltatable(table_location(uri), options) else location_problem(uri, options)
+        problem = location_problem(uri, options)
         if problem:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: no table can be created there: {problem}; "
                                      "nothing was created", pipeline=pipeline.name, key=key, table_uri=uri)
