@@ -247,10 +247,8 @@ def oncemore_command(pipeline: Pipeline, command: str = "run", fault: str | None
     """``oncemore COMMAND --config`` of ``pipeline`` started in its own process on ``local[1]``;
     with ``fault``, dying at that faults.py step: the whole run (its own process group), or with
     ``whole_run=False`` only the process reaching it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "include"), "ONCEMORE_SPARK_MASTER": "local[1]"}
-    env.pop("ONCEMORE_FAULTS_GROUP", None)
-    if fault:
-        env["ONCEMORE_FAULTS"] = fault
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEMORE_FAULTS")}
+    env.update(PYTHONPATH=str(ROOT / "include"), ONCEMORE_SPARK_MASTER="local[1]", **({"ONCEMORE_FAULTS": fault} if fault else {}))
     return subprocess.Popen([sys.executable, "-m", "oncemore.cli", command, "--config", pipeline.origin], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=whole_run)
 

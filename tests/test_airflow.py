@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
@@ -80,6 +81,10 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
     # A typo inside an optional block once made the key listing crash and took every DAG down.
     (tmp_path / "typo.yaml").write_text(good.replace("name: orders", "name: typo").replace("delta/orders", "delta/typo")
                                         .replace('  schedule: "30 3 * * *"', '  schedul: "30 3 * * *"'))
+    # No airflow block: a pipeline for the CLI only, which is neither a DAG nor an error.
+    cli_only = yaml.safe_load(good.replace("name: orders", "name: cli_only").replace("delta/orders", "delta/cli_only"))
+    del cli_only["airflow"]
+    (tmp_path / "cli_only.yaml").write_text(yaml.safe_dump(cli_only))
     monkeypatch.setenv("ONCEMORE_PIPELINES_DIR", str(tmp_path))
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
@@ -89,7 +94,7 @@ def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_pa
     (error,) = bag.import_errors.values()
     assert f"{tmp_path / 'broken.yaml'}: source.topic: must be a string, got a list" in error
     assert f"{tmp_path / 'typo.yaml'}: maintenance.schedul: unknown key; did you mean maintenance.schedule?" in error
-    assert "run `oncemore check`" in error
+    assert "run `oncemore check`" in error and "cli_only" not in error
 
 
 def test_rerun_of_an_interval_is_a_noop_that_skips_spark(airflow_db, broker, topic, make_pipeline):

@@ -132,9 +132,10 @@ def test_check_says_what_works_and_what_not_one_line_each_and_writes_nothing(bro
     lines = one.stdout.splitlines()
     assert [line.split(":")[0:2] for line in lines] == [
         ["ok     good", " config"], ["ok     good", " kafka"], ["ok     good", f" topic {topic}"],
-        ["ok     good", " table"], ["ok     good", " quarantine table"]], lines
+        ["ok     good", " table"], ["ok     good", " quarantine table"], ["ok     good", " airflow"]], lines
     assert f"topic {topic}: 3 partitions, topic ID " in lines[2]
     assert "no table yet" in lines[3] and "the first run creates it" in lines[3]
+    assert lines[5] == "ok     good: airflow: no airflow block: no DAG (CLI only)"
 
     every = oncemore("check", env=env, check_no_spark=True)
     assert every.returncode == 1

@@ -76,10 +76,10 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("sink.partition_by", "day", "sink.partition_by", "must be a list, got a string"),
         ("source.bootstrap_servers", KeyError, "source.bootstrap_servers", "is required"),
         ("airflow.start_date", KeyError, "airflow.start_date", "is required"),
-        ("airflow.schedule", "0 25 * * *", "airflow.schedule", "'0 25 * * *' is not a valid cron (out of range)"),
+        ("airflow.schedule", "0 25 * * *", "airflow.schedule", "is not a valid cron: a field is out of range"),
         ("airflow.schedule", "@every_hour", "airflow.schedule", "is not a 5-field cron (minute hour day-of-month "
                                                                 "month day-of-week) or one of @hourly, @daily"),
-        ("airflow.schedule", "*/5 * *", "airflow.schedule", "'*/5 * *' is not a 5-field cron"),
+        ("airflow.schedule", "*/5 * *", "airflow.schedule", "is not a 5-field cron"),
         ("name", "Orders!", "name", "lowercase"),
     ],
 )
@@ -146,6 +146,21 @@ def test_a_misspelt_key_is_named_with_the_key_meant_and_every_problem_is_reporte
         ("limits.max_records_per_comit", "unknown key; did you mean limits.max_records_per_commit?"),
         ("sink.partition_by", "must be a list, got a string")]
     assert str(error.value).count("\n") == 0
+
+
+def test_a_cron_error_never_shows_the_value_which_may_be_a_secret(tmp_path):
+    doc = with_change("airflow.schedule", "${SCHEDULE_SECRET} * * * *")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), {**ENV, "SCHEDULE_SECRET": "hunter2"})
+    assert "hunter2" not in str(error.value) and error.value.key == "airflow.schedule"
+
+
+def test_a_key_meant_keeps_its_own_problems(tmp_path):
+    doc = with_change("airflow.start_date", "not a date")
+    doc["airflow"]["start_dat"] = "2026-11-01"
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert [k for k, _ in error.value.problems] == ["airflow.start_dat", "airflow.start_date"]
 
 
 def test_airflow_presets_are_their_crons_and_a_pipeline_without_airflow_has_no_dag_settings(tmp_path):

@@ -4,7 +4,9 @@ that step says, and from there a rerun alone and two reruns racing each end exac
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,7 @@ from oncemore import runner
 from oncemore.maintenance import maintain
 from oncemore.verify import verify
 
-from conftest import (assert_exactly_once, oncemore_command, orders, produced_coordinates, read_coordinates,
-                      run_with_fault)
+from conftest import assert_exactly_once, oncemore_command, orders, produced_coordinates, read_coordinates
 from test_ingest import oncemore_commits
 from test_operations import committed_offsets
 
@@ -60,9 +61,27 @@ def race(pipeline, command: str = "run") -> list[tuple[int, str, str]]:
 
 
 def crashed(pipeline, step: str, expected: tuple[int, int]) -> None:
-    done = run_with_fault(pipeline, step)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    """Runs the pipeline dying at ``step``: the whole run is gone (its JVM and Python workers too),
+    and what it left is what that step says."""
+    process = oncemore_command(pipeline, "run", step)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == -signal.SIGKILL, err[-2000:]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"a process of the run killed at {step} survived it")
     assert commit_counts(pipeline) == expected
+    table = Path(pipeline.sink.table_uri)
+    if step == "planned":  # before the tables are made ready
+        assert not table.exists()
+    elif step in ("written", "validated"):  # its files written, none referenced
+        on_disk = {p.name for p in table.rglob("*.parquet")}
+        assert on_disk and not on_disk & {Path(uri).name for uri in DeltaTable(str(table)).file_uris()}
 
 
 @pytest.mark.parametrize("step,path,expected", RUN_STEPS, ids=[f"{s}-{p}" for s, p, _ in RUN_STEPS])

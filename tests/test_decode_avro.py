@@ -235,6 +235,24 @@ def test_an_unreachable_registry_fails_the_batch_instead_of_quarantining(registr
         decoder.decode(pa.array(values, pa.binary()))
 
 
+def test_a_registry_that_never_answers_times_out_instead_of_stalling_the_run():
+    import socket
+    import time
+
+    from oncemore.registry import REQUEST_TIMEOUT_SECONDS
+
+    silent = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    assert Registry({"url": url}).settings["timeout"] == REQUEST_TIMEOUT_SECONDS  # never without one
+    started = time.monotonic()
+    with pytest.raises(RegistryError, match=rf"schema registry {url}: subject 'orders-value': ReadTimeout"):
+        Registry({"url": url, "max.retries": "0", "timeout": "1"}).latest("orders-value")
+    assert time.monotonic() - started < 10
+    silent.close()
+
+
 def test_basic_auth_settings_pass_through_and_the_secret_never_shows(elsewhere):
     secured = start_registry(user_info="ingest:pa55-w0rd-s3cret")
     try:
@@ -260,7 +278,7 @@ def test_decoders_pickle_for_spark_workers(registry):
     settings = registry.settings()
     decoder = AvroDecoder(Registry(settings), Registry(settings).latest("pickled-avro-value").schema)
     copy = pickle.loads(pickle.dumps(decoder))
-    assert copy.schema == decoder.schema and copy.registry.settings == settings
+    assert copy.schema == decoder.schema and copy.registry.settings == decoder.registry.settings == {**settings, "timeout": 30.0}
 
 
 def test_the_merge_of_the_reader_and_a_writer_ahead_of_it_reads_records_of_both(registry):

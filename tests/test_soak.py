@@ -38,8 +38,15 @@ class Producer(threading.Thread):
         self.batches = {"plain": 0, "transaction": 0, "aborted": 0}
         self.stop = threading.Event()
         self.next_id = 0
+        self.error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:  # the test fails on it, not a thread dying unseen
+            self.error = exc
+
+    def _produce(self) -> None:
         while not self.stop.is_set():
             count = self.rng.randint(30, 90)
             records = [(i % 3, None, b"{broken" if i % 40 == 7 else order(i), None)
@@ -68,7 +75,10 @@ def test_a_soak_of_runs_kills_maintenance_and_broker_restarts_ends_exact(own_bro
 
     def maintenance():
         while not stop.wait(15):
-            maintain(pipeline)
+            try:
+                maintain(pipeline)
+            except Exception as exc:
+                failures.append(f"maintenance: {type(exc).__name__}: {exc}")
             figures["maintenance"] += 1
 
     def restarts():
@@ -115,6 +125,7 @@ def test_a_soak_of_runs_kills_maintenance_and_broker_restarts_ends_exact(own_bro
         helper.join(timeout=120)
 
     # Every failure said what it was; then a run without faults ingests the rest.
+    assert producer.error is None, producer.error
     assert not failures, failures[:5]
     assert runner.run(pipeline, spark_factory=lambda: spark).status in ("committed", "no-op")
     assert runner.run(pipeline, spark_factory=lambda: spark).status == "no-op"
@@ -129,3 +140,4 @@ def test_a_soak_of_runs_kills_maintenance_and_broker_restarts_ends_exact(own_bro
                    seconds=round(time.monotonic() - started))
     print(f"\nsoak figures: {figures}")
     assert figures["restarts"] == 2 and figures["killed"] >= 1 and figures["committed"] >= 5, figures
+    assert figures["maintenance"] >= SOAK_SECONDS // 30 and producer.batches["aborted"] >= 1, figures

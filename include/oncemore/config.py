@@ -163,17 +163,16 @@ def _cron(value: str) -> str:
     rather than when Airflow first parses the DAG."""
     from croniter import CroniterError, croniter  # Airflow's own cron parser; imported only to validate
 
+    # The value is never quoted (nor croniter's reason, which quotes it): it may hold a ${ENV} secret.
     text = CRON_PRESETS.get(value.strip(), value.strip())
     if len(text.split()) != 5:
         raise PydanticCustomError("cron", "{problem}", {"problem": (
-            f"{value!r} is not a 5-field cron (minute hour day-of-month month day-of-week) or one of "
-            f"{', '.join(CRON_PRESETS)}")})
+            f"is not a 5-field cron (minute hour day-of-month month day-of-week) or one of {', '.join(CRON_PRESETS)}")})
     try:
         croniter(text)
-    except CroniterError as exc:
-        reason = str(exc).split("] ", 1)[-1].removeprefix("is not acceptable").strip(", ")
-        raise PydanticCustomError("cron", "{problem}", {"problem": f"{value!r} is not a valid cron"
-                                                                   + (f" ({reason})" if reason else "")}) from None
+    except CroniterError:
+        raise PydanticCustomError("cron", "{problem}", {"problem": (
+            "is not a valid cron: a field is out of range or not a number, list, range or step")}) from None
     return text
 
 
@@ -672,7 +671,8 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
         problems = [_problem(e) for e in exc.errors(include_url=False)]
         # A misspelt key also leaves the right one missing: the unknown key says what happened.
         meant = {suggested for _, _, suggested in problems if suggested}
-        found = sorted(((k, p) for k, p, _ in problems if k not in meant), key=lambda kp: not kp[1].startswith("unknown"))
+        found = sorted(((k, p) for k, p, _ in problems if not (k in meant and p == "is required")),
+                       key=lambda kp: not kp[1].startswith("unknown"))
         found = list(dict.fromkeys(found))  # a union's members may each report the same problem
         raise ConfigError(source, *found[0], more=found[1:]) from None
     pipeline._origin = source

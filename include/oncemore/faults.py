@@ -23,7 +23,9 @@ own process (the CLI, an Airflow ingest task) when it leads its group: Spark's J
 workers, started after, inherit the variable (pyspark's worker daemon moves them to a group of its
 own). Tests start a run as its own process group (``start_new_session``); Airflow's supervisor
 starts each task as one. A run in no group of its own (inside pytest) kills only the process
-reaching the step.
+reaching the step, and the group is killed only when its leader is that process or one of its
+ancestors: a variable inherited from elsewhere never kills another process tree.
+
 With ONCEMORE_FAULTS_ONCE naming a directory, each step kills once (a file there marks it done),
 so a retry of the same environment gets past it.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 from pathlib import Path
 
 FAULTS_ENV = "ONCEMORE_FAULTS"
@@ -46,7 +49,7 @@ def arm() -> None:
     """Records the calling process's group as the run's (module docstring), when faults are set and
     it leads its group; call it first thing in a run's own process, before Spark starts."""
     if os.environ.get(FAULTS_ENV) and os.getpgrp() == os.getpid():
-        os.environ.setdefault(GROUP_ENV, str(os.getpid()))
+        os.environ[GROUP_ENV] = str(os.getpid())
 
 
 def reach(step: str) -> None:
@@ -60,6 +63,21 @@ def reach(step: str) -> None:
             (Path(once) / step).touch(exist_ok=False)
         except FileExistsError:
             return
-    if step != "task" and GROUP_ENV in os.environ:
-        os.killpg(int(os.environ[GROUP_ENV]), signal.SIGKILL)
+    group = int(os.environ.get(GROUP_ENV) or 0)
+    # Only the group a process of this run leads: never one an inherited variable names elsewhere.
+    if step != "task" and group in _lineage():
+        with suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _lineage() -> list[int]:
+    """This process, its parent, its parent's parent, ... (Linux's /proc; only itself without it)."""
+    found, pid = [os.getpid()], os.getppid()
+    while pid > 1 and pid not in found:
+        found.append(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found

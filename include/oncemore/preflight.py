@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from . import kafka
 from .config import Pipeline
+from .errors import OncemoreError
 from .ledger import open_table
 from .recordformat import resolve
 from .schema import QUARANTINE_SCHEMA
@@ -39,22 +40,23 @@ class Check:
 
 def check_pipeline(pipeline: Pipeline) -> list[Check]:
     """Every check of a loaded pipeline (module docstring), in order; a check that could not be
-    asked because an earlier one failed is not listed."""
+    asked because an earlier one failed is not listed. A check failing in a way nobody foresaw is
+    a failed check too, never the end of the others."""
     name = pipeline.name
     checks = [Check(name, "config", None, pipeline.origin)]
-    admin = kafka.admin_client(pipeline)
     try:
+        admin = kafka.admin_client(pipeline)
         metadata = kafka.cluster_metadata(admin, pipeline)
-    except kafka.KafkaSourceError as exc:
-        checks.append(Check(name, "kafka", str(exc)))
+    except Exception as exc:  # KafkaSourceError; or librdkafka refusing a kafka_options setting
+        checks.append(Check(name, "kafka", _cause(exc)))
         topics = list(pipeline.source.topic_names)
     else:
         checks.append(Check(name, "kafka", None, f"{pipeline.source.bootstrap_servers} answers (cluster "
                                                  f"{metadata.cluster_id}, {len(metadata.brokers)} brokers)"))
         try:
             source = kafka.describe_source(admin, pipeline)
-        except kafka.KafkaSourceError as exc:
-            checks.append(Check(name, "topics", str(exc)))
+        except Exception as exc:
+            checks.append(Check(name, "topics", _cause(exc)))
             topics = list(pipeline.source.topic_names)
         else:
             topics = sorted(source.identities)
@@ -63,9 +65,17 @@ def check_pipeline(pipeline: Pipeline) -> list[Check]:
                 topic_id = source.identities[topic].topic_id or "none (a broker before Kafka 2.8)"
                 checks.append(Check(name, f"topic {topic}", None, f"{count} partitions, topic ID {topic_id}"))
     checks += _registry(pipeline, topics)
-    checks.append(_table(pipeline, "table", pipeline.sink.table_uri))
-    checks.append(_table(pipeline, "quarantine table", pipeline.sink.quarantine_uri))
+    checks += table_checks(pipeline)
+    airflow = pipeline.airflow
+    checks.append(Check(name, "airflow", None, "no airflow block: no DAG (CLI only)" if airflow is None else
+                        f"a DAG on {airflow.schedule} (UTC) from {airflow.start_date.isoformat()}"))
     return checks
+
+
+def table_checks(pipeline: Pipeline) -> list[Check]:
+    """Both tables: each holds a table oncemore can write, or one can be created there."""
+    return [_table(pipeline, "table", pipeline.sink.table_uri),
+            _table(pipeline, "quarantine table", pipeline.sink.quarantine_uri)]
 
 
 def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
@@ -78,7 +88,7 @@ def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
     try:
         spec = resolve(pipeline, topics)
     except Exception as exc:  # RegistryError, FormatError: both name the registry, subject and cause
-        return [Check(pipeline.name, what, str(exc))]
+        return [Check(pipeline.name, what, _cause(exc))]
     found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
     return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
 
@@ -90,9 +100,8 @@ def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
         return Check(pipeline.name, what, f"{table_uri}: {problem}")
     try:
         table = open_table(table_location(table_uri), options)
-    except Exception as exc:  # permissions, a broken log: the store's message, first line
-        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {type(exc).__name__}: "
-                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    except Exception as exc:  # permissions, a broken log
+        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {_cause(exc)}")
     if table is not None:
         return _existing(pipeline, what, table_uri, table)
     local = "://" not in table_location(table_uri)
@@ -106,7 +115,7 @@ def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
     try:
         check_writable(table, table_uri)
     except Exception as exc:
-        return Check(pipeline.name, what, str(exc))
+        return Check(pipeline.name, what, _cause(exc))
     partitioned = list(table.metadata().partition_columns)
     wanted = list(pipeline.sink.partition_by) if what == "table" else []
     if partitioned != wanted:
@@ -117,3 +126,9 @@ def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
         if missing:
             return Check(pipeline.name, what, f"{table_uri} is not a quarantine table: it has no {', '.join(missing)}")
     return Check(pipeline.name, what, None, f"{table_uri}: a Delta table at version {table.version()} oncemore can write")
+
+
+def _cause(exc: Exception) -> str:
+    """One line: oncemore's own errors as they are, others with their type (delta-rs's carry a backtrace)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if isinstance(exc, (OncemoreError, kafka.KafkaSourceError)) else f"{type(exc).__name__}: {text}"

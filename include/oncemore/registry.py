@@ -24,6 +24,12 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from .errors import OncemoreError
+
+# httpx waits forever without a timeout: a registry that accepts a connection and never answers
+# would stall a run (and `oncemore check`). A pipeline's schema_registry.timeout overrides it.
+REQUEST_TIMEOUT_SECONDS = 30.0
+# The client's settings it wants as numbers; a pipeline file's options arrive as text.
+_NUMBERS = ("timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms", "retries.max.wait.ms")
 from .redaction import REDACTED, is_harmless, redact
 
 
@@ -53,7 +59,13 @@ class Registry:
     """A schema registry from a pipeline's ``schema_registry:`` settings (picklable: settings only)."""
 
     def __init__(self, settings: Mapping[str, Any]):
-        self.settings = dict(settings)
+        self.settings = {"timeout": REQUEST_TIMEOUT_SECONDS, **settings}
+        for key in _NUMBERS:
+            if isinstance(self.settings.get(key), str):
+                try:
+                    self.settings[key] = float(self.settings[key]) if "." in self.settings[key] else int(self.settings[key])
+                except ValueError:
+                    raise RegistryError(f"schema registry: setting {key} must be a number", key=key) from None
         # The settings' url may list several registries, comma-separated (the client tries each).
         self._urls = [u.strip() for u in str(self.settings.get("url", "")).split(",")]
         self.url = ",".join(str(redact("registry", {"url": u})["url"]) for u in self._urls)

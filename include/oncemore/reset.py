@@ -20,6 +20,7 @@ from .continuity import check_owner
 from .coordinates import nested
 from .errors import PlanError
 from .ledger import Ledger
+from .preflight import table_checks
 from .tables import ensure_tables
 
 
@@ -67,9 +68,14 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     target = {p: resolved[p] if p in named else before[p] for p in log}
     quarantine_before = quarantine.positions(state.partitions)
     quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
-    if dry_run:
+    schema = _table_schema(pipeline, main, state.topics)
+    if dry_run:  # the tables' checks a reset would make, read-only
+        failed = [c for c in table_checks(pipeline) if not c.ok]
+        if failed:
+            raise PlanError(f"pipeline {pipeline.name}: {failed[0].what}: {failed[0].problem}; a reset would fail",
+                            pipeline=pipeline.name)
         return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": {}}
-    ensure_tables(pipeline, _table_schema(pipeline, main, state.topics))
+    ensure_tables(pipeline, schema)
     run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
     versions = {}
     # Main table first: a crash before the quarantine commit leaves the quarantine table's floor

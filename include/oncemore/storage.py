@@ -36,9 +36,12 @@ def filesystem(table_uri: str, storage_options: Mapping[str, str] | None = None)
 def location_problem(table_uri: str, storage_options: Mapping[str, str] | None = None) -> str | None:
     """Why no table can be created at ``table_uri``, found without writing; None when nothing
     says so. Locally: the location or its nearest existing parent must be a directory this user
-    may write. In an object store: the bucket must not be missing (a user may write a prefix
-    without the right to look at the bucket, so an error asking says nothing; whether the store
-    takes this user's writes shows only by writing)."""
+    may write. On S3: the bucket must not be missing (a user may write a prefix without the right
+    to look at the bucket, so an error asking says nothing; whether the store takes this user's
+    writes shows only by writing). Other stores are not asked: pyarrow would ignore the
+    pipeline's storage options there and try the machine's ambient credentials."""
+    if "://" in table_uri and urlsplit(table_uri).scheme not in ("s3", "s3a"):
+        return None
     fs, path = filesystem(table_uri, storage_options)
     if isinstance(fs, pafs.LocalFileSystem):
         existing = Path(path)

@@ -132,7 +132,8 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
         except (OncemoreError, SchemaError):
             raise
         except Exception as exc:  # the store refused (permissions, a bucket's policy): name pipeline and key
-            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {type(exc).__name__}: {exc}",
+            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # delta-rs appends a backtrace
+            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {type(exc).__name__}: {cause}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
     ready("sink.quarantine_uri", sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
