@@ -44,7 +44,6 @@ STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "mai
          "compacted", "checkpointed")
 
 
-
 def arm() -> None:
     """Records the calling process's group as the run's (module docstring), when faults are set and
     it leads its group; call it first thing in a run's own process, before Spark starts."""
