@@ -68,6 +68,10 @@ def clicks(tmp_path_factory, broker):
         "airflow": {"schedule": "0 * * * *", "start_date": (hour + timedelta(hours=1)).isoformat(), "catchup": True,
                     "retries": 0},
     }))
+    # No airflow block: a CLI-only pipeline, which has no DAG and is not on the page.
+    (work / "pipelines" / "cli_only.yaml").write_text(yaml.safe_dump({
+        "name": "cli_only", "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic},
+        "sink": {"table_uri": str(work / "delta" / "cli_only")}, "format": {"type": "raw"}}))
     services = start_airflow(work / "airflow", {"ONCEMORE_PIPELINES_DIR": str(work / "pipelines")})
     yield services, load_pipeline(work / "pipelines" / "clicks.yaml"), start, stamped
     services.stop()

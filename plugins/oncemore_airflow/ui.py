@@ -44,13 +44,14 @@ templates.env.filters["seconds"] = lambda s: "-" if s is None else (
 
 
 def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
-    """The pipelines whose DAG the user may read, loaded with their Airflow connection's Kafka
-    settings; and the config problems of broken files (by file)."""
+    """The pipelines whose DAG the user may read (one without an airflow block has none: CLI only),
+    loaded with their Airflow connection's Kafka settings; and the config problems of broken files
+    (by file)."""
     pipelines, broken = load_all()
     manager = get_auth_manager()
-    readable = [p for p in pipelines
-                if manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id(p.name)), user=user)]
-    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id if p.airflow else None).get_pipeline() for p in readable], {
+    readable = [p for p in pipelines if p.airflow is not None
+                and manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id(p.name)), user=user)]
+    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id).get_pipeline() for p in readable], {
         path: str(error) for path, error in broken.items()}
 
 
