@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from . import kafka
 from .config import Pipeline
-from .errors import OncemoreError
+from .errors import OncemoreError, root_cause
 from .ledger import open_table
 from .recordformat import resolve
 from .schema import QUARANTINE_SCHEMA
@@ -110,16 +110,13 @@ def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
 
 
 def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
-    from .tables import check_writable  # imports pyspark's types: only once there is a table to check
+    from .tables import check_partitioning, check_writable  # pyspark's types: only once there is a table
 
     try:
         check_writable(table, table_uri)
+        check_partitioning(table, table_uri, pipeline.sink.partition_by if what == "table" else ())
     except Exception as exc:
         return Check(pipeline.name, what, _cause(exc))
-    partitioned = list(table.metadata().partition_columns)
-    wanted = list(pipeline.sink.partition_by) if what == "table" else []
-    if partitioned != wanted:
-        return Check(pipeline.name, what, f"{table_uri} is partitioned by {partitioned}, the pipeline says {wanted}")
     if what == "quarantine table":
         columns = set(table.schema().to_arrow().names)
         missing = [f.name for f in QUARANTINE_SCHEMA if f.name not in columns]
@@ -129,6 +126,5 @@ def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
 
 
 def _cause(exc: Exception) -> str:
-    """One line: oncemore's own errors as they are, others with their type (delta-rs's carry a backtrace)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return text if isinstance(exc, (OncemoreError, kafka.KafkaSourceError)) else f"{type(exc).__name__}: {text}"
+    """One line: oncemore's own errors as they are, others as root_cause says them."""
+    return str(exc) if isinstance(exc, (OncemoreError, kafka.KafkaSourceError)) else root_cause(exc)

@@ -26,7 +26,7 @@ from deltalake import DeltaTable, Schema, TableFeatures
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, TimestampNTZType
 
 from .config import Pipeline
-from .errors import InvalidDataFile, OncemoreError, TableLocationError, UnsupportedTable
+from .errors import InvalidDataFile, OncemoreError, TableLocationError, UnsupportedTable, root_cause
 from .evolution import arrow_schema, evolve, spark_schema
 from .ledger import open_table
 from .schema import QUARANTINE_SCHEMA, SchemaError
@@ -69,11 +69,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             if unseen:
                 _add_columns(table, [f for f in columns if f.name in unseen])
     check_writable(table, table_uri)
-    if list(table.metadata().partition_columns) != list(partition_by):
-        raise InvalidDataFile(
-            f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
-            f"the pipeline says {list(partition_by)}", table_uri=table_uri,
-        )
+    check_partitioning(table, table_uri, partition_by)
     for attempt in range(2):
         current = StructType.fromJson(json.loads(table.schema().to_json()))
         merged, added = evolve(current, spark_schema(schema), evolution, f"table {table_uri}")
@@ -132,14 +128,22 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
         except (OncemoreError, SchemaError):
             raise
         except Exception as exc:  # the store refused (permissions, a bucket's policy): name pipeline and key
-            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else ""  # delta-rs appends a backtrace
-            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {type(exc).__name__}: {cause}",
+            raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {root_cause(exc)}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
     ready("sink.quarantine_uri", sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
           f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options)
     return ready("sink.table_uri", sink.table_uri, schema, sink.partition_by, pipeline.name,
                  f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution)
+
+
+def check_partitioning(table: DeltaTable, table_uri: str, partition_by: Iterable[str]) -> None:
+    """Refuses a table partitioned otherwise than the pipeline says: its files would not match."""
+    if list(table.metadata().partition_columns) != list(partition_by):
+        raise InvalidDataFile(
+            f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
+            f"the pipeline says {list(partition_by)}", table_uri=table_uri,
+        )
 
 
 def check_writable(table: DeltaTable, table_uri: str) -> None:
