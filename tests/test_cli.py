@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, assert_exactly_once, orders, read_pairs
 
@@ -185,3 +186,17 @@ def test_check_on_s3_finds_a_missing_bucket_and_writes_nothing_to_an_existing_on
            "takes writes shows then: checking would write)" in lines
     assert "FAILED nowhere: table: s3://no-such-bucket/t: bucket no-such-bucket does not exist" in lines
     assert s3_server.client().list_objects_v2(Bucket=s3_bucket.removeprefix("s3://")).get("KeyCount", 0) == 0
+
+
+def test_check_of_a_topic_pattern_with_kafka_down_says_so_and_goes_on(make_pipeline, tmp_path):
+    path = tmp_path / "by_pattern.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "by_pattern", "source": {"bootstrap_servers": "127.0.0.1:1", "topic_pattern": "orders-.*"},
+        "sink": {"table_uri": str(tmp_path / "delta" / "by_pattern")}, "format": {"type": "raw"}}))
+
+    result = oncemore("check", str(path), check_no_spark=True)
+
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("FAILED by_pattern: kafka: pipeline by_pattern: cannot reach Kafka at 127.0.0.1:1: ")
+    assert [line.split(":")[1].strip() for line in lines] == ["config", "kafka", "table", "quarantine table", "airflow"]

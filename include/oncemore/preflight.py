@@ -44,12 +44,12 @@ def check_pipeline(pipeline: Pipeline) -> list[Check]:
     a failed check too, never the end of the others."""
     name = pipeline.name
     checks = [Check(name, "config", None, pipeline.origin)]
+    topics = list(pipeline.source.topic_names or ())  # the configured ones (none for a pattern) until Kafka answers
     try:
         admin = kafka.admin_client(pipeline)
         metadata = kafka.cluster_metadata(admin, pipeline)
     except Exception as exc:  # KafkaSourceError; or librdkafka refusing a kafka_options setting
         checks.append(Check(name, "kafka", _cause(exc)))
-        topics = list(pipeline.source.topic_names)
     else:
         checks.append(Check(name, "kafka", None, f"{pipeline.source.bootstrap_servers} answers (cluster "
                                                  f"{metadata.cluster_id}, {len(metadata.brokers)} brokers)"))
@@ -57,7 +57,6 @@ def check_pipeline(pipeline: Pipeline) -> list[Check]:
             source = kafka.describe_source(admin, pipeline)
         except Exception as exc:
             checks.append(Check(name, "topics", _cause(exc)))
-            topics = list(pipeline.source.topic_names)
         else:
             topics = sorted(source.identities)
             for topic in topics:
