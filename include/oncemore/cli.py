@@ -272,10 +272,10 @@ def _check(_pipeline: None, args) -> int:
                 is_file = target.endswith((".yaml", ".yml")) or os.sep in target
                 loaded.append(load_pipeline(Path(target)) if is_file else load_named(target))
             except ConfigError as exc:
-                checks.append(Check(exc.source, "config", str(exc).removeprefix(f"{exc.source}: ")))
+                checks.append(Check(exc.source, "config", exc.summary))
     else:
         loaded, broken = load_all()
-        checks += [Check(e.source, "config", str(e).removeprefix(f"{e.source}: ")) for e in broken.values()]
+        checks += [Check(e.source, "config", e.summary) for e in broken.values()]
     for check in checks:
         print(check.line(), flush=True)
     for pipeline in loaded:

@@ -45,7 +45,8 @@ class ConfigError(ValueError):
     def __init__(self, source: str, key: str, problem: str, more: Iterable[tuple[str, str]] = ()):
         self.source, self.key, self.problem = source, key, problem
         self.problems = [(key, problem), *more]
-        super().__init__(f"{source}: " + "; ".join(f"{k}: {p}" if k else p for k, p in self.problems))
+        self.summary = "; ".join(f"{k}: {p}" if k else p for k, p in self.problems)  # the message without the file
+        super().__init__(f"{source}: {self.summary}")
 
 
 @dataclass(frozen=True)
