@@ -24,13 +24,13 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from .errors import OncemoreError
+from .redaction import REDACTED, is_harmless, redact
 
 # httpx waits forever without a timeout: a registry that accepts a connection and never answers
 # would stall a run (and `oncemore check`). A pipeline's schema_registry.timeout overrides it.
 REQUEST_TIMEOUT_SECONDS = 30.0
 # The client's settings it wants as numbers; a pipeline file's options arrive as text.
 _NUMBERS = ("timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms", "retries.max.wait.ms")
-from .redaction import REDACTED, is_harmless, redact
 
 
 class RegistryError(OncemoreError):
