@@ -7,6 +7,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from oncemore.kafka import KafkaReadError, admin_client, consumer_config, log_bounds, range_consumer
+from oncemore import records as records_module
 from oncemore.records import RangeRecords
 from oncemore.schema import RECORD_SCHEMA
 from oncemore.source import KafkaRangeReader, offsets_option
@@ -95,6 +96,38 @@ def test_a_byte_budget_stops_after_the_record_reaching_it_and_says_where(broker,
     assert [b.num_rows for b in one] == [1] and one.reached == offsets[11] + 1
     whole = records(pipeline, 0, 0, offsets[-1] + 1)
     assert sum(b.num_rows for b in whole) == 40 and whole.reached == offsets[-1] + 1
+
+
+def test_batches_end_at_the_record_reaching_either_bound_and_carry_every_field(broker, topic, make_pipeline, monkeypatch):
+    monkeypatch.setattr(records_module, "BATCH_ROWS", 7)
+    monkeypatch.setattr(records_module, "BATCH_BYTES", 3_000)
+    sizes = [(i * 397) % 1_300 for i in range(60)]
+    stamps = [1_700_000_000_000 + i for i in range(59)] + [2**62]  # the last: no microsecond timestamp holds it
+    sent = [(0, None if i % 5 == 0 else f"k{i}".encode(), bytes([97 + i % 26]) * sizes[i], stamps[i]) for i in range(60)]
+    headers = [("trace", b"a"), ("trace", None), ("tenant", b"t1")]
+    offsets = by_partition(broker.produce(topic, sent, headers=headers))[0]
+    pipeline = make_pipeline(topic)
+
+    whole = RangeRecords(Consumer(consumer_config(pipeline)), topic, 0, 0, offsets[-1] + 1, 20.0, "test", headers=True)
+    batches = list(whole)
+    assert [b.num_rows for b in batches] and all(b.num_rows <= 7 for b in batches)
+    for batch in batches[:-1]:  # each ends with the record that reaches a bound, never later
+        lengths = [len(k or b"") + len(v) for k, v in zip(batch.column("key").to_pylist(), batch.column("value").to_pylist())]
+        assert batch.num_rows == 7 or (sum(lengths) >= 3_000 and sum(lengths) - lengths[-1] < 3_000)
+    table = pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+    assert table.column("offset").to_pylist() == offsets
+    assert table.column("key").to_pylist() == [k for _, k, _, _ in sent]
+    assert table.column("value").to_pylist() == [v for _, _, v, _ in sent]
+    assert table.column("timestamp_ms").to_pylist() == stamps
+    assert table.column("timestamp").cast(pa.int64()).to_pylist() == [s * 1000 for s in stamps[:-1]] + [None]
+    assert set(table.column("timestampType").to_pylist()) == {0}  # CreateTime
+    assert table.column("headers").to_pylist() == [[{"key": k, "value": v} for k, v in headers]] * 60
+    assert (whole.reached, whole.bytes_read) == (offsets[-1] + 1, sum(len(k or b"") + len(v) for _, k, v, _ in sent))
+
+    budget = sum(len(k or b"") + len(v) for _, k, v, _ in sent[:23]) - 1  # reached by record 22
+    cut = RangeRecords(Consumer(consumer_config(pipeline)), topic, 0, 0, offsets[-1] + 1, 20.0, "test", budget)
+    assert pa.Table.from_batches(list(cut), schema=RECORD_SCHEMA).column("offset").to_pylist() == offsets[:23]
+    assert cut.reached == offsets[22] + 1
 
 
 def test_reader_splits_ranges_into_sub_ranges():

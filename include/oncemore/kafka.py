@@ -12,13 +12,15 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from .config import Pipeline
 from .coordinates import KafkaPartition
+
+if TYPE_CHECKING:  # a Spark task reading Kafka never needs the config models (pydantic's import)
+    from .config import Pipeline
 
 _POLL_SECONDS = 0.5
 # librdkafka's own log (connection retries, ...): through Python logging, not straight to stderr.
@@ -231,16 +233,20 @@ def read_messages(
     while position < end:
         # consume() waits for num_messages or the timeout: never ask for more than the range holds.
         messages = consumer.consume(num_messages=min(10_000, end - position), timeout=_POLL_SECONDS)
-        errors = [m.error() for m in messages if m.error() is not None]
+        # Column by column (map over the C methods): a Python loop per message cost more than the
+        # client's own work. The per-message filters below run only when something is off.
+        errors = list(filter(None, map(Message.error, messages)))
         fatal = [e for e in errors if not _transient(e)]
         if fatal:
             raise KafkaReadError(f"{where}: read failed at offset {position} of range [{start}, {end}): "
                                  f"{fatal[0].name()}: {fatal[0].str()}")
         if errors:  # waited out below, within the stall timeout
             transient = errors[-1]
+            messages = [m for m in messages if m.error() is None]
         # Data of this range only: never a record fetched for an earlier assignment of a reused
         # consumer (librdkafka discards those; this keeps it so).
-        messages = [m for m in messages if m.error() is None and m.partition() == partition and m.topic() == topic]
+        if messages and ({*map(Message.partition, messages)} != {partition} or {*map(Message.topic, messages)} != {topic}):
+            messages = [m for m in messages if m.partition() == partition and m.topic() == topic]
         if messages:
             if messages[0].offset() < position:
                 raise KafkaReadError(f"{where}: broker returned offset {messages[0].offset()} before position {position}")

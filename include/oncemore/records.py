@@ -11,12 +11,14 @@ then says where the next read must begin (the range end when the whole range was
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 
 from .kafka import read_messages
 from .schema import HEADERS_TYPE, RECORD_SCHEMA, TIMESTAMP
@@ -26,8 +28,9 @@ BATCH_ROWS = 50_000
 BATCH_BYTES = 32 << 20
 # Kafka timestamps (ms) a microsecond int64 can hold.
 _MAX_MS = (2**63 - 1) // 1000
-# confluent-kafka timestamp types to Spark's timestampType (0 CreateTime, 1 LogAppendTime).
-_SPARK_TIMESTAMP_TYPE = {1: 0, 2: 1}
+# confluent-kafka timestamp types (0 none, 1 CreateTime, 2 LogAppendTime), indexing Spark's
+# timestampType (0 CreateTime, 1 LogAppendTime; -1 for none).
+_SPARK_TIMESTAMP_TYPE = np.array([-1, 0, 1], np.int32)
 
 
 class RangeRecords:
@@ -46,87 +49,114 @@ class RangeRecords:
         self.reached = offset
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        columns = _Columns(self.headers)
+        pending = _Pending(self.topic, self.partition)
         for messages in read_messages(self.consumer, self.topic, self.partition, self.start, self.end,
                                       self.stall_timeout, self.where):
+            chunk = _Chunk.of(messages, self.headers)
+            stop = False
             if self.max_bytes is not None:
-                messages, stop = self._within_budget(messages)
-            else:
-                stop = False
-            for message in messages:
-                size = columns.add(message)
-                self.bytes_read += size
-                if columns.count >= BATCH_ROWS or columns.bytes >= BATCH_BYTES:
-                    yield columns.take_batch(self.topic, self.partition)
+                # The records up to the one that reaches the budget (at least one).
+                reaching = _first_reaching(chunk.sizes, self.max_bytes - self.bytes_read)
+                if reaching < len(chunk):
+                    chunk, stop = chunk.slice(0, reaching + 1), True
+            self.bytes_read += chunk.bytes
+            yield from pending.add(chunk)
             if stop:
-                self.reached = messages[-1].offset() + 1
+                self.reached = chunk.offsets[-1].as_py() + 1
                 break
         else:
             self.reached = self.end
-        if columns.count:
-            yield columns.take_batch(self.topic, self.partition)
-
-    def _within_budget(self, messages: list) -> tuple[list, bool]:
-        """The messages up to the one that reaches the byte budget (at least one), and whether it was reached."""
-        total = self.bytes_read
-        for i, message in enumerate(messages):
-            total += _size(message)
-            if total >= self.max_bytes:
-                return messages[: i + 1], True
-        return messages, False
+        if pending.count:
+            yield pending.take()
 
 
-def _size(message) -> int:
-    return len(message.key() or b"") + len(message.value() or b"")
+def _first_reaching(sizes: np.ndarray, budget: int) -> int:
+    """The index of the first record whose size, added to those before it, reaches ``budget``
+    (``len(sizes)`` when none does)."""
+    return int(np.searchsorted(np.cumsum(sizes), budget, side="left"))
 
 
-class _Columns:
-    """Column lists of the records read so far, turned into one Arrow batch at a time."""
+@dataclass(frozen=True)
+class _Chunk:
+    """The fields of a list of messages, copied out at once column by column (``of``): a Python
+    loop calling each message's methods cost more than the Kafka client's own work (measured: the
+    reader ran at 0.44 x a raw consume with one, 0.9 x without)."""
 
-    def __init__(self, headers: bool):
-        self.keys, self.values, self.offsets, self.stamps, self.types = [], [], [], [], []
-        self.headers: list | None = [] if headers else None
-        self.bytes = 0
+    keys: pa.Array
+    values: pa.Array
+    offsets: pa.Array
+    kinds: np.ndarray  # confluent-kafka timestamp types
+    stamps: np.ndarray  # ms
+    headers: list | None  # per message, a list of (key, value); None when not read
+    sizes: np.ndarray  # key + value bytes per message
+
+    @classmethod
+    def of(cls, messages: list, headers: bool) -> "_Chunk":
+        count = len(messages)
+        keys = pa.array(list(map(Message.key, messages)), pa.binary())
+        values = pa.array(list(map(Message.value, messages)), pa.binary())
+        stamps = np.fromiter(chain.from_iterable(map(Message.timestamp, messages)), np.int64, 2 * count).reshape(count, 2)
+        return cls(keys, values, pa.array(np.fromiter(map(Message.offset, messages), np.int64, count)),
+                   stamps[:, 0], stamps[:, 1], [h or [] for h in map(Message.headers, messages)] if headers else None,
+                   _lengths(keys) + _lengths(values))
+
+    def __len__(self) -> int:
+        return len(self.sizes)
 
     @property
-    def count(self) -> int:
-        return len(self.offsets)
+    def bytes(self) -> int:
+        return int(self.sizes.sum())
 
-    def add(self, message) -> int:
-        # Fields are copied out at once: read later, from many held messages, they cost ~3x more.
-        key, value = message.key(), message.value()
-        kind, stamp = message.timestamp()
-        self.keys.append(key)
-        self.values.append(value)
-        self.offsets.append(message.offset())
-        self.stamps.append(stamp if kind else None)
-        self.types.append(kind)
-        if self.headers is not None:  # in order, repeated keys kept (Spark's includeHeaders)
-            found = message.headers()
-            self.headers.append([{"key": k, "value": v} for k, v in found] if found else [])
-        size = len(key or b"") + len(value or b"")
-        self.bytes += size
-        return size
+    def slice(self, start: int, stop: int) -> "_Chunk":
+        return _Chunk(*(None if (v := getattr(self, f.name)) is None else v[start:stop] for f in fields(self)))
 
-    def take_batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        count = self.count
-        millis = pa.array(self.stamps, pa.int64())
-        holdable = pc.and_(pc.greater_equal(millis, -_MAX_MS), pc.less_equal(millis, _MAX_MS))
-        micros = pc.multiply(pc.if_else(holdable, millis, pa.scalar(None, pa.int64())), 1000)
-        batch = pa.RecordBatch.from_arrays(
+
+def _lengths(array: pa.Array) -> np.ndarray:
+    return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+class _Pending:
+    """Chunks read so far, cut into Arrow batches of at most BATCH_ROWS rows or about BATCH_BYTES."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition = topic, partition
+        self.chunks: list[_Chunk] = []
+        self.count = self.bytes = 0
+
+    def add(self, chunk: _Chunk) -> Iterator[pa.RecordBatch]:
+        """The batches ``chunk`` fills: each ends with the record that reaches either bound."""
+        start = 0
+        while start < len(chunk):
+            room = _first_reaching(chunk.sizes[start:], BATCH_BYTES - self.bytes) + 1
+            stop = min(start + min(BATCH_ROWS - self.count, room), len(chunk))
+            head = chunk.slice(start, stop)
+            self.chunks.append(head)
+            self.count += len(head)
+            self.bytes += head.bytes
+            if self.count >= BATCH_ROWS or self.bytes >= BATCH_BYTES:
+                yield self.take()
+            start = stop
+
+    def take(self) -> pa.RecordBatch:
+        chunks, count = self.chunks, self.count
+        self.chunks, self.count, self.bytes = [], 0, 0
+        kinds, stamps = np.concatenate([c.kinds for c in chunks]), np.concatenate([c.stamps for c in chunks])
+        # No timestamp (kind 0), or one a microsecond int64 cannot hold: null (decode quarantines the latter).
+        millis = pa.array(stamps, pa.int64(), mask=kinds == 0)
+        holdable = (stamps >= -_MAX_MS) & (stamps <= _MAX_MS) & (kinds != 0)
+        micros = pa.array(np.where(holdable, stamps, 0) * 1000, mask=~holdable)
+        return pa.RecordBatch.from_arrays(
             [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([topic])).cast(pa.string()),
-                pa.array(np.full(count, partition, np.int32)),
-                pa.array(self.offsets, pa.int64()),
+                pa.concat_arrays([c.keys for c in chunks]),
+                pa.concat_arrays([c.values for c in chunks]),
+                pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([self.topic])).cast(pa.string()),
+                pa.array(np.full(count, self.partition, np.int32)),
+                pa.concat_arrays([c.offsets for c in chunks]),
                 micros.cast(TIMESTAMP),
-                pa.array([_SPARK_TIMESTAMP_TYPE.get(t, -1) for t in self.types], pa.int32()),
-                pa.nulls(count, HEADERS_TYPE) if self.headers is None else pa.array(self.headers, HEADERS_TYPE),
+                pa.array(_SPARK_TIMESTAMP_TYPE[kinds], pa.int32()),
+                pa.nulls(count, HEADERS_TYPE) if chunks[0].headers is None else
+                pa.array([h for c in chunks for h in c.headers], HEADERS_TYPE),
                 millis,
             ],
             schema=RECORD_SCHEMA,
         )
-        self.__init__(self.headers is not None)
-        return batch
-
