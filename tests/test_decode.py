@@ -14,7 +14,7 @@ import pytest
 
 from oncemore.ddl import parse_ddl
 from oncemore.decode import RecordDecoder
-from oncemore.recordformat import FormatSpec, RecordSpec
+from oncemore.recordspec import FormatSpec, RecordSpec
 from oncemore.schema import HEADERS_TYPE, QUARANTINE_SCHEMA, RECORD_SCHEMA, SchemaError
 
 

@@ -25,7 +25,7 @@ from oncemore.decode_avro import AvroDecoder, avro_to_arrow
 from oncemore.decode import RecordDecoder
 from oncemore.devregistry import start_registry
 from oncemore.formats import SchemaAhead
-from oncemore.recordformat import FormatSpec, RecordSpec
+from oncemore.recordspec import FormatSpec, RecordSpec
 from oncemore.registry import Registry, RegistryError
 from oncemore.schema import RECORD_SCHEMA, SchemaError
 from oncemore.tables import ensure_table

@@ -19,7 +19,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from oncemore.decode import RecordDecoder
-from oncemore.recordformat import FormatSpec, RecordSpec
+from oncemore.recordspec import FormatSpec, RecordSpec
 from oncemore.devregistry import start_registry
 from oncemore.framing import split_frames, strip_confluent_framing
 from oncemore.registry import Registry, RegistryError, SchemaNotFound

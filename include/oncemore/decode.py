@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from .ddl import parse_ddl
 from .formats import DecodedValues, SchemaAhead
-from .recordformat import FormatSpec, RecordSpec
+from .recordspec import FormatSpec, RecordSpec
 from .schema import METADATA_FIELDS, QUARANTINE_SCHEMA
 
 _METADATA_SOURCE = {"_kafka_topic": "topic", "_kafka_partition": "partition", "_kafka_offset": "offset",

@@ -1,6 +1,5 @@
-"""What a pipeline's decoded records are: its value and key formats resolved once, on the driver,
-into data the executors rebuild decoders from, and the columns the records have (the view
-``records`` a transform reads, and the table without a transform).
+"""A pipeline's value and key formats resolved once, on the driver, into the RecordSpec
+(recordspec.py) its executors rebuild decoders from, and followed or refused as writers change.
 
 Avro and Protobuf formats are resolved against the schema registry here: a run's reader schema is
 at first the subject's latest registered version (``<topic>-value`` / ``<topic>-key`` unless
@@ -17,9 +16,7 @@ the spec: they hold secrets, and go to executors as Spark data source options Sp
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from dataclasses import replace
 
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
@@ -28,12 +25,10 @@ from .avro_merge import merge_schemas
 from .avro_schema import AvroSchema
 from .config import Format, Pipeline
 from .ddl import parse_ddl, to_ddl
-from .decode_avro import AvroDecoder
-from .decode_json import JsonDecoder
-from .decode_protobuf import ProtobufDecoder
 from .errors import OncemoreError
+from .recordspec import FormatSpec, RecordSpec
 from .registry import Registry
-from .schema import SchemaError, records_schema
+from .schema import SchemaError
 
 
 class FormatError(OncemoreError):
@@ -44,75 +39,6 @@ class FormatError(OncemoreError):
 class ReaderBehind(FormatError):
     """A record's writer schema is still ahead of the reader the run changed for it: following it
     again would go round forever."""
-
-
-@dataclass(frozen=True)
-class FormatSpec:
-    """One format (a value's or a key's) as executors need it: its type, and for json the declared
-    DDL, for avro and protobuf the reader schema (``Schema.to_dict()``: registered, or a merge), the
-    message, the declared DDL that projects it, and the writer schema IDs whose records are errors
-    (``refused``: ID -> reason)."""
-
-    type: str
-    ddl: str | None = None
-    registered: Mapping[str, Any] | None = None
-    message: str | None = None
-    framed: bool = False
-    refused: Mapping[int, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "FormatSpec":
-        """``asdict``'s form back, after JSON (which made the refused IDs text)."""
-        return cls(**{**data, "refused": {int(k): v for k, v in data.get("refused", {}).items()}})
-
-    def decoder(self, registry_settings: Mapping[str, str] | None):
-        """The decoder of these values (raw and string: None, decode.py handles bytes and text)."""
-        if self.type == "json":
-            return JsonDecoder(parse_ddl(self.ddl))
-        if self.type == "avro":
-            return AvroDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)), self.refused)
-        if self.type == "protobuf":
-            return ProtobufDecoder(Registry(registry_settings), Schema.from_dict(dict(self.registered)), self.message,
-                                   self.refused)
-        return None
-
-    def columns(self, registry_settings: Mapping[str, str] | None) -> pa.Schema | None:
-        """The columns a record of this format becomes (json, avro, protobuf); a declared DDL keeps
-        only its columns."""
-        if self.type in ("raw", "string"):
-            return None
-        return parse_ddl(self.ddl) if self.ddl else self.decoder(registry_settings).schema
-
-
-@dataclass(frozen=True)
-class RecordSpec:
-    """The records' formats, and whether they carry headers. Travels to executors as JSON."""
-
-    value: FormatSpec
-    key: FormatSpec | None
-    headers: bool
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "RecordSpec":
-        data = json.loads(text)
-        return cls(value=FormatSpec.from_dict(data["value"]),
-                   key=FormatSpec.from_dict(data["key"]) if data["key"] else None, headers=data["headers"])
-
-    def schema(self, value_registry: Mapping[str, str] | None, key_registry: Mapping[str, str] | None) -> pa.Schema:
-        """The records' columns (schema.records_schema)."""
-        key = None
-        if self.key is not None:
-            columns = self.key.columns(key_registry)
-            if columns is None:
-                key = pa.binary() if self.key.type == "raw" else pa.string()
-            elif self.key.type in ("avro", "protobuf") and columns.names == ["value"]:
-                key = columns.field("value").type  # a key of one plain type (an Avro "string" key)
-            else:
-                key = pa.struct(list(columns))
-        return records_schema(self.value.type, self.value.columns(value_registry), key, self.headers)
 
 
 def registries(pipeline: Pipeline) -> tuple[dict[str, str] | None, dict[str, str] | None]:
@@ -194,5 +120,4 @@ def _check_declared(pipeline: str, block: str, source: str, declared: pa.Schema,
                               f"{source} has {to_ddl(found)}", column=column.name)
 
 
-__all__ = ["FormatError", "FormatSpec", "ReaderBehind", "RecordSpec", "follow", "refuse", "registries", "resolve",
-           "SchemaError"]
+__all__ = ["FormatError", "ReaderBehind", "SchemaError", "follow", "refuse", "registries", "resolve"]

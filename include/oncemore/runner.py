@@ -32,7 +32,8 @@ from .partcommit import Part, Written, commit_part
 from .planner import LATEST, Batch, OffsetRange, Plan, describe, group_tasks, plan_run, split_tasks
 from .profile import RUN_PHASES, Stopwatch, one_line
 from .progress import Progress
-from .recordformat import FormatError, ReaderBehind, RecordSpec, follow, refuse, registries, resolve
+from .recordformat import FormatError, ReaderBehind, follow, refuse, registries, resolve
+from .recordspec import RecordSpec
 from .schema import SchemaError, check_partition_by
 from .spark import slots
 from .storage import table_location

@@ -31,7 +31,7 @@ from .coordinates import KafkaPartition
 from .decode import Decoded, RecordDecoder, quarantine_rows
 from .formats import SchemaAhead
 from .profile import TASK_PHASES, Stopwatch
-from .recordformat import RecordSpec
+from .recordspec import RecordSpec
 from .records import RangeRecords
 from .schema import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
 from .writer import DataFile, TableWriter, conform, unstorable_partition_values
