@@ -19,9 +19,11 @@ transform filtered.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import cache
 from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -266,14 +268,17 @@ def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
                   part_starts: Mapping[KafkaPartition, int]) -> Iterator[RangeResult]:
     """Decodes a task's ranges and writes their records as Parquet files into both tables."""
     files = TaskFiles(spec, part_starts)
-    for records in ranges:
-        main, quarantine = writers = files.writers(records)
-        decoding = _RangeDecoding(records, spec, decoder, True, quarantine)
-        for good in decoding.rows():
-            with decoding.watch.timing("write"):
-                main.write(conform(good, spec.table_schema))
-        yield from files.done(decoding.result(), writers)
-    yield from files.close()
+    try:
+        for records in ranges:
+            main, quarantine = writers = files.writers(records)
+            decoding = _RangeDecoding(records, spec, decoder, True, quarantine)
+            for good in decoding.rows():
+                with decoding.watch.timing("write"):
+                    main.write(conform(good, spec.table_schema))
+            yield from files.done(decoding.result(), writers)
+        yield from files.close()
+    finally:
+        release_memory()
 
 
 def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
@@ -281,9 +286,30 @@ def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
     """A task's good rows, for Spark, while its quarantine rows are written to files; each range's
     RangeResult once it is ready (after its rows)."""
     files = TaskFiles(spec, part_starts)
-    for records in ranges:
-        writers = files.writers(records)
-        decoding = _RangeDecoding(records, spec, decoder, False, writers[1])
-        yield from decoding.rows()
-        yield from files.done(decoding.result(), writers)
-    yield from files.close()
+    try:
+        for records in ranges:
+            writers = files.writers(records)
+            decoding = _RangeDecoding(records, spec, decoder, False, writers[1])
+            yield from decoding.rows()
+            yield from files.done(decoding.result(), writers)
+        yield from files.close()
+    finally:
+        release_memory()
+
+
+def release_memory() -> None:
+    """Gives what a finished task freed back to the system. Spark reuses a Python worker for the
+    next task, and a long run's largest worker grew with every batch (560 MiB to 1.2 GB over ten)
+    while nothing was allocated: Arrow's jemalloc keeps freed pages, and glibc keeps what the Kafka
+    client's threads freed in their arenas. Released after each task, a worker returns to ~220 MiB
+    (measured, 8 tasks of 500,000 records in one process)."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
