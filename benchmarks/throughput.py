@@ -3,8 +3,12 @@ of the same offsets, in one run, on the local faithful test broker (devbroker.te
 
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
-Prints records/s for both, their ratio, and the peak memory of Spark's Python workers (it should
-follow the batch size, not the range size). With ``--formats``, the same number of records again
+Prints records/s for both, and the ratio of their marginal rates: each is measured on half of
+every partition and on all of it, in one run, and the second half's records over the extra time is
+the marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
+consume is measured before and after the pipeline, and the faster one counts (its rate varies
+most). Also the peak memory of Spark's Python workers (it should follow the batch size, not the
+range size). With ``--formats``, the same number of records again
 as flat JSON through a transform (records through Spark DataFrames), nested JSON, Avro and Protobuf
 (Confluent's wire format, a local schema registry), each warm. Not a test: figures, not verdicts.
 """
@@ -24,9 +28,10 @@ import psutil
 from confluent_kafka import Consumer, TopicPartition
 
 from oncemore import devbroker, runner
-from oncemore.config import parse_pipeline
+from oncemore.config import OffsetBound, parse_pipeline
 from oncemore.coordinates import KafkaPartition
-from oncemore.kafka import admin_client, consumer_config, log_bounds
+from oncemore.kafka import consumer_config
+from oncemore.planner import LATEST
 from oncemore.spark import spark_session
 
 
@@ -39,27 +44,43 @@ def make_records(count: int, partitions: int):
         yield i % partitions, str(i).encode(), value, None
 
 
-def raw_consume(pipeline, bounds) -> tuple[int, float]:
-    """One process, one consumer, all partitions: the rate oncemore is measured against."""
-    config = consumer_config(pipeline)
-    consumer = Consumer(config)
-    consumer.assign([TopicPartition(p.topic, p.partition, b.earliest) for p, b in bounds.items()])
-    remaining = {p.partition: b.latest for p, b in bounds.items()}
-    count, value_bytes, started = 0, 0, time.perf_counter()
+def raw_consume(pipeline, ends: dict[KafkaPartition, int]) -> tuple[int, float]:
+    """One process, one consumer, all partitions from offset 0 to ``ends``: the rate oncemore is
+    measured against."""
+    consumer = Consumer(consumer_config(pipeline))
+    started = time.perf_counter()
+    consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
+    remaining = {p.partition: end for p, end in ends.items()}
+    count = 0
     while remaining:
         for message in consumer.consume(10_000, 1.0):
             if message.error():
                 raise RuntimeError(message.error())
-            count += 1
-            value_bytes += len(message.value())
-            if message.offset() + 1 >= remaining.get(message.partition(), 1 << 62):
-                remaining.pop(message.partition())
-        for tp in consumer.position([TopicPartition(pipeline.source.topic, p) for p in list(remaining)]):
-            if tp.offset >= remaining[tp.partition]:
-                remaining.pop(tp.partition)
+            end = remaining.get(message.partition())
+            if end is not None and message.offset() < end:
+                count += 1
+                len(message.value())  # a consumer looks at the value
+                if message.offset() + 1 >= end:
+                    remaining.pop(message.partition())
     elapsed = time.perf_counter() - started
     consumer.close()
     return count, elapsed
+
+
+def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
+    """The first half of each partition of a topic of ``n`` records produced round-robin, no transactions."""
+    return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
+
+
+def marginal(timed, n: int, parts: int, topic: str) -> tuple[float, float]:
+    """(records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records, seconds) on
+    half of each partition, then on all of it; the marginal rate is the second half's records over
+    the extra time, so the fixed costs of a run (planning, scheduling, the commit) cancel."""
+    half = half_ends(topic, n, parts)
+    full = {p: n // parts for p in half}
+    few, few_seconds = timed(half)
+    many, many_seconds = timed(full)
+    return many / many_seconds, (many - few) / (many_seconds - few_seconds)
 
 
 class PeakWorkerMemory(threading.Thread):
@@ -162,22 +183,41 @@ def formats(broker, spark, work: str, n: int, parts: int, raw_rate: float) -> No
             if produce is not None:
                 broker.create_topic(topic, parts)
                 broker.produce(topic, produce())
-            rate, _ = timed_run(pipeline_for(broker, topic, f"{work}/{label.split()[0]}", n, format_, **extra), spark, n)
-            print(f"  {label}: {rate:,.0f} rec/s = {rate / raw_rate:.2f} x raw", flush=True)
+            whole, rate, _ = pipeline_rates(
+                lambda size: pipeline_for(broker, topic, f"{work}/{label.split()[0]}-{size}", n, format_, **extra),
+                spark, n, parts, topic)
+            print(f"  {label}: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s = {rate / raw_rate:.2f} x raw",
+                  flush=True)
     finally:
         registry.stop()
 
 
-def timed_run(pipeline, spark, expected: int) -> tuple[float, PeakWorkerMemory]:
+def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) -> tuple[int, float, PeakWorkerMemory]:
+    """Runs ``pipeline`` (up to ``ends``, else to the end) into its fresh table: (records, seconds, memory)."""
+    until = LATEST if ends is None else OffsetBound(kind="offsets", offsets={(p.topic, p.partition): e for p, e in ends.items()})
     memory = PeakWorkerMemory()
     memory.start()
     started = time.perf_counter()
-    report = runner.run(pipeline, spark_factory=lambda: spark)
+    report = runner.run(pipeline, until=until, spark_factory=lambda: spark)
     seconds = time.perf_counter() - started
     memory.running = False
-    if report.written != expected:
+    expected = sum(ends.values()) if ends is not None else None
+    if expected is not None and report.written != expected:
         sys.exit(f"expected {expected} records written, got {report.written}")
-    return expected / seconds, memory
+    return report.written, seconds, memory
+
+
+def pipeline_rates(make, spark, n: int, parts: int, topic: str) -> tuple[float, float, PeakWorkerMemory]:
+    """(whole-range records/s, marginal records/s, the full run's memory) of the pipeline ``make(label)``
+    makes, each size into a fresh table."""
+    runs = []
+
+    def timed(ends):
+        runs.append(timed_run(make(f"size{len(runs)}"), spark, ends))
+        return runs[-1][:2]
+
+    whole, rate = marginal(timed, n, parts, topic)
+    return whole, rate, runs[-1][2]
 
 
 def main() -> None:
@@ -200,26 +240,28 @@ def main() -> None:
         pipeline = pipeline_for(broker, "bench", work, n)
         avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
 
-        count, raw_seconds = raw_consume(pipeline, log_bounds(admin_client(pipeline), pipeline,
-                                                              [KafkaPartition("bench", p) for p in range(parts)]))
-        raw_rate = count / raw_seconds
-        print(f"raw confluent-kafka consume, 1 process: {count} records of ~{avg_size:.0f} B in {raw_seconds:.2f}s "
-              f"= {raw_rate:,.0f} rec/s", flush=True)
+        raw_whole, raw_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
+        print(f"raw confluent-kafka consume, 1 process, {n} records of ~{avg_size:.0f} B: {raw_whole:,.0f} rec/s, "
+              f"marginal {raw_rate:,.0f} rec/s", flush=True)
 
         session_started = time.perf_counter()
         spark = spark_session("local[2]")
         print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
-        cold_rate, cold_memory = timed_run(pipeline, spark, n)
-        # Same records again, into a fresh table: the steady state of a session that already ran a job.
-        warm_rate, warm_memory = timed_run(pipeline_for(broker, "bench", f"{work}/warm", n), spark, n)
+        written, seconds, _ = timed_run(pipeline, spark)
+        whole, rate, memory = pipeline_rates(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
+                                             n, parts, "bench")
         # One task reading the whole range: memory must follow the batch size, not the range.
-        _, single_memory = timed_run(pipeline_for(broker, "bench_one", work, n), spark, n)
+        _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
         print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
-        print(f"  first job in a fresh session: {cold_rate:,.0f} rec/s = {cold_rate / raw_rate:.2f} x raw")
-        print(f"  steady state (session warm):  {warm_rate:,.0f} rec/s = {warm_rate / raw_rate:.2f} x raw")
-        print(f"  Python worker peak RSS: {warm_memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
+        print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
+        print(f"  session warm: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s", flush=True)
+        print(f"  Python worker peak RSS: {memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
               f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
               f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
+        again_whole, again_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
+        print(f"raw consume again: {again_whole:,.0f} rec/s, marginal {again_rate:,.0f} rec/s", flush=True)
+        raw_rate = max(raw_rate, again_rate)
+        print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume", flush=True)
         if args.formats:
             formats(broker, spark, work, n, parts, raw_rate)
         spark.stop()
