@@ -124,7 +124,8 @@ def main() -> None:
                 time.sleep(75)
                 produce(broker, "remote", 2 * n, n)
                 rows.append(("the same after 75 s idle (workers gone)", f"{n} records",
-                             cli_run(code, work / "remote.yaml", env=remote), "<= 3 s"))
+                             cli_run(code, work / "remote.yaml", env=remote, profile_as="Connect run after 75 s idle"),
+                             "<= 3 s"))
                 rows.append(("no-op rerun, Connect configured", "0 records",
                              cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
             finally:
