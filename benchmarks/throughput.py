@@ -4,13 +4,14 @@ of the same offsets, in one run, on the local faithful test broker (devbroker.te
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
 Prints records/s for both, and the ratio of their marginal rates: each is measured on half of
-every partition and on all of it, in one run, and the second half's records over the extra time is
-the marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
+every partition and on all of it, three times each in one run (the pipeline after a small
+warm-up run), and the second half's records over the extra time of the median runs is the
+marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
 consume is measured before and after the pipeline, and the faster one counts (its rate varies
 most). Also the peak memory of Spark's Python workers (it should follow the batch size, not the
-range size). With ``--formats``, the same number of records again
-as flat JSON through a transform (records through Spark DataFrames), nested JSON, Avro and Protobuf
-(Confluent's wire format, a local schema registry), each warm. Not a test: figures, not verdicts.
+range size). With ``--formats``, the same number of records again as flat JSON through a
+transform (records through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire
+format, a local schema registry), each warm. Not a test: figures, not verdicts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import argparse
 import json
 import logging
 import random
+import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -72,15 +75,20 @@ def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
     return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
 
 
-def marginal(timed, n: int, parts: int, topic: str) -> tuple[float, float]:
+def marginal(timed, n: int, parts: int, topic: str, repeats: int = 3) -> tuple[float, float]:
     """(records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records, seconds) on
-    half of each partition, then on all of it; the marginal rate is the second half's records over
-    the extra time, so the fixed costs of a run (planning, scheduling, the commit) cancel."""
+    half of each partition and on all of it, ``repeats`` times in turn; the marginal rate is the
+    second half's records over the extra time of the median runs, so the fixed costs of a run
+    (planning, scheduling, the commit) cancel, and one slow run does not decide it."""
     half = half_ends(topic, n, parts)
     full = {p: n // parts for p in half}
-    few, few_seconds = timed(half)
-    many, many_seconds = timed(full)
-    return many / many_seconds, (many - few) / (many_seconds - few_seconds)
+    few, many = [], []
+    for _ in range(repeats):
+        few.append(timed(half))
+        many.append(timed(full))
+    few_records, few_seconds = few[0][0], statistics.median(s for _, s in few)
+    many_records, many_seconds = many[0][0], statistics.median(s for _, s in many)
+    return many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds)
 
 
 class PeakWorkerMemory(threading.Thread):
@@ -210,10 +218,13 @@ def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) ->
 def pipeline_rates(make, spark, n: int, parts: int, topic: str) -> tuple[float, float, PeakWorkerMemory]:
     """(whole-range records/s, marginal records/s, the full run's memory) of the pipeline ``make(label)``
     makes, each size into a fresh table."""
+    # A first run pays what a session does once per data source or path (its Python workers,
+    # the sink's registration): a small one goes first, uncounted.
+    timed_run(make("warmup"), spark, {p: 1_000 for p in half_ends(topic, n, parts)})
     runs = []
 
     def timed(ends):
-        runs.append(timed_run(make(f"size{len(runs)}"), spark, ends))
+        runs.append(timed_run(make(f"run{len(runs)}"), spark, ends))
         return runs[-1][:2]
 
     whole, rate = marginal(timed, n, parts, topic)
@@ -231,40 +242,43 @@ def main() -> None:
     mib = 2**20
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
-    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
-        started = time.perf_counter()
-        for topic, count in (("bench", parts), ("bench_one", 1)):
-            broker.create_topic(topic, count)
-            broker.produce(topic, make_records(n, count))
-        print(f"produced 2 x {n} records in {time.perf_counter() - started:.1f}s", flush=True)
-        pipeline = pipeline_for(broker, "bench", work, n)
-        avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
+    try:
+        with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+            started = time.perf_counter()
+            for topic, count in (("bench", parts), ("bench_one", 1)):
+                broker.create_topic(topic, count)
+                broker.produce(topic, make_records(n, count))
+            print(f"produced 2 x {n} records in {time.perf_counter() - started:.1f}s", flush=True)
+            pipeline = pipeline_for(broker, "bench", work, n)
+            avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
 
-        raw_whole, raw_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
-        print(f"raw confluent-kafka consume, 1 process, {n} records of ~{avg_size:.0f} B: {raw_whole:,.0f} rec/s, "
-              f"marginal {raw_rate:,.0f} rec/s", flush=True)
+            raw_whole, raw_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
+            print(f"raw confluent-kafka consume, 1 process, {n} records of ~{avg_size:.0f} B: {raw_whole:,.0f} rec/s, "
+                  f"marginal {raw_rate:,.0f} rec/s", flush=True)
 
-        session_started = time.perf_counter()
-        spark = spark_session("local[2]")
-        print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
-        written, seconds, _ = timed_run(pipeline, spark)
-        whole, rate, memory = pipeline_rates(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
-                                             n, parts, "bench")
-        # One task reading the whole range: memory must follow the batch size, not the range.
-        _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
-        print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
-        print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
-        print(f"  session warm: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s", flush=True)
-        print(f"  Python worker peak RSS: {memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
-              f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
-              f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
-        again_whole, again_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
-        print(f"raw consume again: {again_whole:,.0f} rec/s, marginal {again_rate:,.0f} rec/s", flush=True)
-        raw_rate = max(raw_rate, again_rate)
-        print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume", flush=True)
-        if args.formats:
-            formats(broker, spark, work, n, parts, raw_rate)
-        spark.stop()
+            session_started = time.perf_counter()
+            spark = spark_session("local[2]")
+            print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
+            written, seconds, _ = timed_run(pipeline, spark)
+            whole, rate, memory = pipeline_rates(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
+                                                 n, parts, "bench")
+            # One task reading the whole range: memory must follow the batch size, not the range.
+            _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
+            print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
+            print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
+            print(f"  session warm: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s", flush=True)
+            print(f"  Python worker peak RSS: {memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
+                  f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
+                  f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
+            again_whole, again_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
+            print(f"raw consume again: {again_whole:,.0f} rec/s, marginal {again_rate:,.0f} rec/s", flush=True)
+            raw_rate = max(raw_rate, again_rate)
+            print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume", flush=True)
+            if args.formats:
+                formats(broker, spark, work, n, parts, raw_rate)
+            spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # tables of every run: gigabytes at 2 M records
 
 
 if __name__ == "__main__":
