@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from itertools import chain
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +28,6 @@ BATCH_ROWS = 50_000
 BATCH_BYTES = 32 << 20
 # Kafka timestamps (ms) a microsecond int64 can hold.
 _MAX_MS = (2**63 - 1) // 1000
-# confluent-kafka timestamp types (0 none, 1 CreateTime, 2 LogAppendTime), indexing Spark's
-# timestampType (0 CreateTime, 1 LogAppendTime; -1 for none).
-_SPARK_TIMESTAMP_TYPE = np.array([-1, 0, 1], np.int32)
 
 
 class RangeRecords:
@@ -43,31 +40,45 @@ class RangeRecords:
         self.start, self.end, self.stall_timeout, self.where = start, end, stall_timeout, where
         self.max_bytes, self.headers = max_bytes, headers
         self.reached, self.bytes_read = start, 0
+        self._last: tuple[pa.Array, np.ndarray] | None = None  # the last batch yielded: offsets, sizes
 
     def stop_at(self, offset: int) -> None:
-        """The reader of the batches stops before ``offset`` (and leaves the loop): the range was read up to it."""
+        """The reader of the batches stops before ``offset`` (and leaves the loop): the range was
+        read up to it, and the bytes read are those of the records before it."""
         self.reached = offset
+        if self._last is not None:
+            offsets, sizes = self._last
+            self.bytes_read -= int(sizes[offsets.to_numpy() >= offset].sum())
+            self._last = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         pending = _Pending(self.topic, self.partition)
+        consumed = 0  # bytes of the records taken from the consumer, yielded or pending
         for messages in read_messages(self.consumer, self.topic, self.partition, self.start, self.end,
                                       self.stall_timeout, self.where):
             chunk = _Chunk.of(messages, self.headers)
             stop = False
             if self.max_bytes is not None:
                 # The records up to the one that reaches the budget (at least one).
-                reaching = _first_reaching(chunk.sizes, self.max_bytes - self.bytes_read)
+                reaching = _first_reaching(chunk.sizes, self.max_bytes - consumed)
                 if reaching < len(chunk):
                     chunk, stop = chunk.slice(0, reaching + 1), True
-            self.bytes_read += chunk.bytes
-            yield from pending.add(chunk)
+            consumed += chunk.bytes
+            yield from self._counted(pending.add(chunk))
             if stop:
                 self.reached = chunk.offsets[-1].as_py() + 1
                 break
         else:
             self.reached = self.end
         if pending.count:
-            yield pending.take()
+            yield from self._counted([pending.take()])
+
+    def _counted(self, batches: Iterable[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[pa.RecordBatch]:
+        """``bytes_read`` follows the batches as they are yielded, so ``stop_at`` can take back the rest."""
+        for batch, sizes in batches:
+            self.bytes_read += int(sizes.sum())
+            self._last = (batch.column("offset"), sizes)
+            yield batch
 
 
 def _first_reaching(sizes: np.ndarray, budget: int) -> int:
@@ -93,8 +104,8 @@ class _Chunk:
     @classmethod
     def of(cls, messages: list, headers: bool) -> "_Chunk":
         count = len(messages)
-        keys = pa.array(list(map(Message.key, messages)), pa.binary())
-        values = pa.array(list(map(Message.value, messages)), pa.binary())
+        keys = pa.array(list(map(Message.key, messages)), pa.large_binary())
+        values = pa.array(list(map(Message.value, messages)), pa.large_binary())
         stamps = np.fromiter(chain.from_iterable(map(Message.timestamp, messages)), np.int64, 2 * count).reshape(count, 2)
         return cls(keys, values, pa.array(np.fromiter(map(Message.offset, messages), np.int64, count)),
                    stamps[:, 0], stamps[:, 1], [h or [] for h in map(Message.headers, messages)] if headers else None,
@@ -123,8 +134,9 @@ class _Pending:
         self.chunks: list[_Chunk] = []
         self.count = self.bytes = 0
 
-    def add(self, chunk: _Chunk) -> Iterator[pa.RecordBatch]:
-        """The batches ``chunk`` fills: each ends with the record that reaches either bound."""
+    def add(self, chunk: _Chunk) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        """The batches ``chunk`` fills, with their records' sizes: each ends with the record that
+        reaches either bound."""
         start = 0
         while start < len(chunk):
             room = _first_reaching(chunk.sizes[start:], BATCH_BYTES - self.bytes) + 1
@@ -137,26 +149,30 @@ class _Pending:
                 yield self.take()
             start = stop
 
-    def take(self) -> pa.RecordBatch:
+    def take(self) -> tuple[pa.RecordBatch, np.ndarray]:
         chunks, count = self.chunks, self.count
         self.chunks, self.count, self.bytes = [], 0, 0
         kinds, stamps = np.concatenate([c.kinds for c in chunks]), np.concatenate([c.stamps for c in chunks])
+        types = np.full(count, -1, np.int32)  # Spark's timestampType; -1 for none (kind 0) or an unknown kind
+        types[kinds == 1], types[kinds == 2] = 0, 1
         # No timestamp (kind 0), or one a microsecond int64 cannot hold: null (decode quarantines the latter).
         millis = pa.array(stamps, pa.int64(), mask=kinds == 0)
         holdable = (stamps >= -_MAX_MS) & (stamps <= _MAX_MS) & (kinds != 0)
         micros = pa.array(np.where(holdable, stamps, 0) * 1000, mask=~holdable)
-        return pa.RecordBatch.from_arrays(
+        batch = pa.RecordBatch.from_arrays(
             [
-                pa.concat_arrays([c.keys for c in chunks]),
-                pa.concat_arrays([c.values for c in chunks]),
+                # Large while a consume() list is held (it may pass 2 GiB); a batch never does.
+                pa.concat_arrays([c.keys for c in chunks]).cast(pa.binary()),
+                pa.concat_arrays([c.values for c in chunks]).cast(pa.binary()),
                 pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), pa.array([self.topic])).cast(pa.string()),
                 pa.array(np.full(count, self.partition, np.int32)),
                 pa.concat_arrays([c.offsets for c in chunks]),
                 micros.cast(TIMESTAMP),
-                pa.array(_SPARK_TIMESTAMP_TYPE[kinds], pa.int32()),
+                pa.array(types),
                 pa.nulls(count, HEADERS_TYPE) if chunks[0].headers is None else
                 pa.array([h for c in chunks for h in c.headers], HEADERS_TYPE),
                 millis,
             ],
             schema=RECORD_SCHEMA,
         )
+        return batch, np.concatenate([c.sizes for c in chunks])
