@@ -311,5 +311,11 @@ def release_memory() -> None:
 
 @cache
 def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS) or the process's
+    own symbols cannot be opened (Windows): releasing is hygiene, and must never fail a task."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return trim
