@@ -88,6 +88,9 @@ def marginal(timed, n: int, parts: int, topic: str, repeats: int = 3) -> tuple[f
         many.append(timed(full))
     few_records, few_seconds = few[0][0], statistics.median(s for _, s in few)
     many_records, many_seconds = many[0][0], statistics.median(s for _, s in many)
+    if many_seconds <= few_seconds:
+        sys.exit(f"all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
+                 "too few records to measure a rate; use more --records")
     return many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds)
 
 
@@ -220,7 +223,7 @@ def pipeline_rates(make, spark, n: int, parts: int, topic: str) -> tuple[float, 
     makes, each size into a fresh table."""
     # A first run pays what a session does once per data source or path (its Python workers,
     # the sink's registration): a small one goes first, uncounted.
-    timed_run(make("warmup"), spark, {p: 1_000 for p in half_ends(topic, n, parts)})
+    timed_run(make("warmup"), spark, {p: min(1_000, e) for p, e in half_ends(topic, n, parts).items()})
     runs = []
 
     def timed(ends):
