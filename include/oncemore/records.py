@@ -3,8 +3,10 @@
 Batches carry the Spark Kafka source's columns (key, value, topic, partition, offset, timestamp,
 timestampType, headers: read only when asked for, else null) plus ``timestamp_ms``, Kafka's raw
 value: where it cannot be held as a microsecond timestamp (a producer stamping nanoseconds),
-``timestamp`` is null and the decoder quarantines the record. A batch holds at most BATCH_ROWS rows or about BATCH_BYTES of keys and values (and
-always at least one record), so a task's memory follows these bounds, not its range or the
+``timestamp`` is null and the decoder quarantines the record. A batch holds at most BATCH_ROWS
+rows or about BATCH_BYTES of keys and values (and always at least one record), and what the
+client hands over is copied one ``consume()`` list at a time (at most 10,000 messages, within
+its bounded prefetch queue), so a task's memory follows these bounds, not its range or the
 values' size. With a byte budget the read stops after the record that reaches it; ``reached``
 then says where the next read must begin (the range end when the whole range was read).
 """
@@ -90,8 +92,8 @@ def _first_reaching(sizes: np.ndarray, budget: int) -> int:
 @dataclass(frozen=True)
 class _Chunk:
     """The fields of a list of messages, copied out at once column by column (``of``): a Python
-    loop calling each message's methods cost more than the Kafka client's own work (measured: the
-    reader ran at 0.44 x a raw consume with one, 0.9 x without)."""
+    loop calling each message's methods cost more than the Kafka client's own work (measured, one
+    process reading 1 M records: the reader ran at 0.44 x a raw consume with one, 0.79 x without)."""
 
     keys: pa.Array
     values: pa.Array

@@ -14,7 +14,8 @@ two commits already committed is not written again), a range may stop early at i
 at the first record whose key or value was written with a schema ahead of the reader
 (``reached``, ``schema_ahead``; the rest follows in the next commit, once the run followed that
 schema), and ``records``/``quarantined`` count every record read, so the driver knows how many a
-transform filtered.
+transform filtered. A task gives back the memory it freed when it ends (``release_memory``): Spark
+reuses its Python worker for the next one.
 """
 
 from __future__ import annotations
