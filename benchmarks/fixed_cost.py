@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,11 +122,14 @@ def main() -> None:
                 warm = cli_run(code, work / "remote.yaml", env=remote, profile_as="warm Connect run")
                 rows.append(("run on a warm Connect server", f"{n} records", warm, "<= 3 s"))
                 # Spark stops a Python worker idle for a minute: an hourly run finds none left.
-                time.sleep(75)
-                produce(broker, "remote", 2 * n, n)
-                rows.append(("the same after 75 s idle (workers gone)", f"{n} records",
-                             cli_run(code, work / "remote.yaml", env=remote, profile_as="Connect run after 75 s idle"),
-                             "<= 3 s"))
+                # The median of three, as one such run varied by 0.4 s.
+                idle = []
+                for step in range(3):
+                    time.sleep(75)
+                    produce(broker, "remote", (2 + step) * n, n)
+                    idle.append(cli_run(code, work / "remote.yaml", env=remote,
+                                        profile_as="Connect run after 75 s idle" if step == 2 else None))
+                rows.append(("the same after 75 s idle, median of 3", f"{n} records", statistics.median(idle), "<= 3 s"))
                 rows.append(("no-op rerun, Connect configured", "0 records",
                              cli_run(code, work / "remote.yaml", env=remote), "< 1 s"))
             finally:

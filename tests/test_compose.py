@@ -58,7 +58,7 @@ def test_spark_services_start_the_classes_the_local_cluster_starts():
 
 
 def test_the_spark_connect_service_starts_the_server_the_tests_start_with_the_same_redaction():
-    from oncemore.devconnect import SERVER_CLASS
+    from oncemore.devconnect import SERVER_CLASS, WORKER_DAEMON
     from oncemore.redaction import SPARK_CONF_REGEX
 
     entrypoint = SERVICES["spark-connect"]["entrypoint"]
@@ -67,6 +67,10 @@ def test_the_spark_connect_service_starts_the_server_the_tests_start_with_the_sa
     assert confs["spark.redaction.regex"] == SPARK_CONF_REGEX
     assert entrypoint[entrypoint.index("--master") + 1] == "spark://spark-master:7077"
     assert confs["spark.connect.session.manager.defaultSessionTimeout"] == "3h", "hourly runs find their session"
+    assert confs["spark.python.daemon.module"] == WORKER_DAEMON
+    # The executors import the daemon from the image's package (every service shares the image).
+    assert SERVICES["spark-worker"]["image"] == SERVICES["spark-connect"]["image"]
+    assert re.search(r"^ENV PYTHONPATH=/opt/oncemore/include:", (ROOT / "Dockerfile").read_text(), re.M)
     connection = yaml.safe_load(SERVICES["airflow-scheduler"]["environment"]["AIRFLOW_CONN_ONCEMORE_CONNECT"])
     assert connection == {"conn_type": "spark_connect", "host": "spark-connect",
                           "port": int(confs["spark.connect.grpc.binding.port"])}

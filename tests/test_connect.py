@@ -144,6 +144,48 @@ def test_runs_take_turns_in_this_hosts_sessions_and_a_session_the_server_closed_
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), even)
 
 
+def where_workers_import_from(batches):
+    """A Python worker's parent process (its daemon's command line) and where its task imports
+    oncemore from."""
+    import os
+
+    import pyarrow as pa
+
+    import oncemore.tasks
+
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        parent = cmdline.read().replace(b"\0", b" ").decode()
+    for _ in batches:
+        yield pa.RecordBatch.from_pylist([{"parent": parent, "tasks": oncemore.tasks.__file__}])
+
+
+def test_the_servers_workers_fork_from_oncemores_daemon_and_import_oncemore_from_their_session(connect_session):
+    from pyspark import cloudpickle
+
+    session = connect_session()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the server cannot import this test module
+    try:
+        rows = session.range(0, 2, 1, 2).mapInArrow(where_workers_import_from, "parent string, tasks string").collect()
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+    assert len(rows) == 2
+    for row in rows:
+        assert "-m oncemore.workerdaemon" in row.parent
+        # The daemon imported the server's own oncemore to run; its workers never use that copy.
+        assert "oncemore.zip" in row.tasks and not row.tasks.startswith(INCLUDE), row.tasks
+
+
+def test_the_worker_daemon_loads_the_tasks_libraries_and_forgets_oncemore_before_it_forks():
+    probe = ("import sys, oncemore.workerdaemon as daemon; daemon.preload(); "
+             "print(sorted(set(daemon.PRELOADED) - set(sys.modules))); "
+             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'oncemore'))")
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": INCLUDE},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["[]", "[]"]
+
+
 def test_a_slot_session_id_joins_the_urls_own_parameters_and_no_error_shows_the_token(monkeypatch, tmp_path):
     from pyspark.sql import SparkSession
 

@@ -3,7 +3,8 @@ resident-Spark runs and the tests: started and stopped by whoever calls ``start_
 
 The server is a Spark driver of its own (``local[N]`` here): its Python workers import what each
 client session ships as an artifact (oncemore's package zip) and what is installed where they run
-(the same virtualenv here, through PYSPARK_PYTHON). Restarting it on the same port is what an
+(the same virtualenv here, through PYSPARK_PYTHON). They fork from oncemore.workerdaemon, which
+has the libraries they import loaded: a run after Spark stopped its idle workers starts faster. Restarting it on the same port is what an
 operator does after a crash; clients reconnect with a new session.
 """
 
@@ -20,6 +21,7 @@ from .devprocess import stop_process
 from .redaction import SPARK_CONF_REGEX
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+WORKER_DAEMON = "oncemore.workerdaemon"
 
 
 class ConnectServer:
@@ -42,11 +44,15 @@ class ConnectServer:
     def start(self, seconds: float = 120) -> "ConnectServer":
         import pyspark
 
-        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        # The worker daemon (oncemore.workerdaemon) is imported from this checkout's package.
+        package_parent = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
         env.pop("SPARK_REMOTE", None)  # the server is a classic driver; a client variable would turn it into one
         command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--class", SERVER_CLASS,
                    "--master", self.master, "--conf", f"spark.connect.grpc.binding.port={self.port}",
                    "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                   "--conf", f"spark.python.daemon.module={WORKER_DAEMON}",
                    "--conf", f"spark.redaction.regex={SPARK_CONF_REGEX}", "--conf", "spark.ui.enabled=false",
                    # What the server records of each session's statements, for a test to read back.
                    "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir={self.event_dir}",

@@ -19,7 +19,9 @@ Spark redacts the secret ones.
 
 Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
 partitions), each importing this module: what only reading needs (the Kafka client, decoders,
-registry clients) is imported by the reading task, not here.
+registry clients, Arrow) is imported by the reading task, not here. Spark stops these processes
+after a minute idle, so an hourly run starts them again: the one that finds ``oncemore_ingest``'s
+schema imports no Arrow at all.
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from . import faults
 from .coordinates import KafkaPartition, flat, nested
-from .schema import KAFKA_RECORD_SCHEMA
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -101,6 +101,10 @@ class KafkaRangeDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from .schema import KAFKA_RECORD_SCHEMA
+
         return from_arrow_schema(KAFKA_RECORD_SCHEMA)
 
     def reader(self, schema) -> "KafkaRangeReader":
@@ -128,6 +132,7 @@ class KafkaRangeReader(_RangeReader):
         if split is None:  # Spark calls read(None) once when partitions() is empty
             return
         from .kafka import range_consumer
+        from .schema import KAFKA_RECORD_SCHEMA
 
         with range_consumer(self.kafka_config) as consumer:
             for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
@@ -214,6 +219,8 @@ class KafkaRecordsDataSource(DataSource):
         return RECORDS_NAME
 
     def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         return from_arrow_schema(task_spec(self.options).records.schema(
             _prefixed(self.options, "registry.") or None, _prefixed(self.options, "key.registry.") or None))
 
