@@ -33,8 +33,7 @@ from oncemore_airflow.factory import build_dag, build_maintenance_dag  # noqa: E
 
 from conftest import assert_exactly_once, held_positions, order, orders, read_pairs  # noqa: E402
 
-# dag.test() runs share one Airflow metadata database (AIRFLOW_HOME): one xdist worker runs them all.
-pytestmark = [pytest.mark.airflow, pytest.mark.xdist_group("airflow_metadata_db")]
+pytestmark = pytest.mark.airflow
 HOUR = timedelta(hours=1)
 T0 = datetime(2026, 11, 20, 0, 0, tzinfo=timezone.utc)
 

@@ -176,6 +176,30 @@ def test_the_servers_workers_fork_from_oncemores_daemon_and_import_oncemore_from
         assert "oncemore.zip" in row.tasks and not row.tasks.startswith(INCLUDE), row.tasks
 
 
+def test_a_server_whose_workers_cannot_import_the_daemon_fails_the_run_saying_why(
+        broker, topic, make_pipeline, connect_session, monkeypatch, tmp_path):
+    # A cluster whose executors lack the oncemore package: Spark cannot start their Python workers.
+    from oncemore import devconnect
+    from oncemore.spark import spark_session, stop_session
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(devconnect, "WORKER_DAEMON", "oncemore.nosuchdaemon")
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    server = devconnect.start_connect_server("local[1]", log_dir=str(tmp_path / "connect"))
+    try:
+        session = spark_session(remote=server.url)
+        try:
+            with pytest.raises(TaskFailed, match=rf"pipeline orders: the Spark task reading {topic}/0 \[0, 10\), .* failed: "
+                                                 r"Python worker failed to start: \S+: No module named oncemore\.nosuchdaemon$"):
+                runner.run(pipeline, spark_factory=lambda: session)
+        finally:
+            stop_session(session)
+    finally:
+        server.stop()
+    assert read_pairs(pipeline.sink.table_uri) == []
+
+
 def test_the_worker_daemon_loads_the_tasks_libraries_and_forgets_oncemore_before_it_forks():
     probe = ("import sys, oncemore.workerdaemon as daemon; daemon.preload(); "
              "print(sorted(set(daemon.PRELOADED) - set(sys.modules))); "

@@ -29,6 +29,8 @@ from test_scheduler import assert_runs_hold_their_intervals, backfills_done, par
 
 from oncemore_airflow.services import start_airflow, wait_for
 
+# The tests share the module's services and build on each other (the page shows what the backfill
+# test ingested): scripts/test's --dist loadscope runs a module's tests on one worker, in order.
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 DAG_ID = "oncemore__clicks"
 SCREENSHOTS = ROOT / "docs" / "screenshots"

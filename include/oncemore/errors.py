@@ -98,7 +98,8 @@ def error_from_json(text: str) -> OncemoreError | None:
 
 def root_cause(exc: BaseException) -> str:
     """One line for an exception, digging the cause out of a Spark job failure: the Python error
-    a task raised, else the failure Spark reports for the lost task (a Python worker that died)."""
+    a task raised, else why its Python worker could not start, else the failure Spark reports for
+    the lost task (a Python worker that died)."""
     text = str(exc)
     # The last line of a Python traceback: a builtin's name, or a qualified one (oncemore.sink.ExpectationFailed),
     # not the JVM's (org.apache.spark.SparkException) that wraps it.
@@ -108,6 +109,10 @@ def root_cause(exc: BaseException) -> str:
     if found:
         name, message = found[-1]
         return f"{name}: {message.strip()}"
+    # A Python worker (or its daemon: spark.python.daemon.module) that could not start: Spark quotes its stderr.
+    unstarted = re.search(r"^Error from python worker:\n(.*?)\nPYTHONPATH was:", text, re.M | re.S)
+    if unstarted and unstarted.group(1).strip():
+        return f"Python worker failed to start: {unstarted.group(1).strip().splitlines()[-1].strip()}"
     lost = re.search(r"Lost task [^\n]*?\): (?:[\w.]+\.)?(\w+): ([^\n]+?)(?:\. Consider [^\n]*)?$", text, re.M)
     if lost:
         return f"{lost.group(1)}: {lost.group(2).strip()}"
