@@ -133,8 +133,9 @@ class KafkaRangeReader(_RangeReader):
             return
         from .kafka import range_consumer
         from .schema import KAFKA_RECORD_SCHEMA
+        from .taskmemory import task_memory
 
-        with range_consumer(self.kafka_config) as consumer:
+        with task_memory(), range_consumer(self.kafka_config) as consumer:
             for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
                 yield batch.select(KAFKA_RECORD_SCHEMA.names)
 

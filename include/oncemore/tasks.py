@@ -14,17 +14,16 @@ two commits already committed is not written again), a range may stop early at i
 at the first record whose key or value was written with a schema ahead of the reader
 (``reached``, ``schema_ahead``; the rest follows in the next commit, once the run followed that
 schema), and ``records``/``quarantined`` count every record read, so the driver knows how many a
-transform filtered. A task gives back the memory it freed when it ends (``release_memory``): Spark
-reuses its Python worker for the next one.
+transform filtered. While a task runs, Python's cyclic garbage collector is paused, and when it
+ends the task gives back the memory it freed (``task_memory``): Spark reuses its Python worker for
+the next one.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from functools import cache
 from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ from .profile import TASK_PHASES, Stopwatch
 from .recordspec import RecordSpec
 from .records import RangeRecords
 from .schema import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
+from .taskmemory import task_memory
 from .writer import DataFile, TableWriter, conform, unstorable_partition_values
 
 
@@ -269,7 +269,7 @@ def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
                   part_starts: Mapping[KafkaPartition, int]) -> Iterator[RangeResult]:
     """Decodes a task's ranges and writes their records as Parquet files into both tables."""
     files = TaskFiles(spec, part_starts)
-    try:
+    with task_memory():
         for records in ranges:
             main, quarantine = writers = files.writers(records)
             decoding = _RangeDecoding(records, spec, decoder, True, quarantine)
@@ -278,8 +278,6 @@ def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
                     main.write(conform(good, spec.table_schema))
             yield from files.done(decoding.result(), writers)
         yield from files.close()
-    finally:
-        release_memory()
 
 
 def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
@@ -287,36 +285,10 @@ def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
     """A task's good rows, for Spark, while its quarantine rows are written to files; each range's
     RangeResult once it is ready (after its rows)."""
     files = TaskFiles(spec, part_starts)
-    try:
+    with task_memory():
         for records in ranges:
             writers = files.writers(records)
             decoding = _RangeDecoding(records, spec, decoder, False, writers[1])
             yield from decoding.rows()
             yield from files.done(decoding.result(), writers)
         yield from files.close()
-    finally:
-        release_memory()
-
-
-def release_memory() -> None:
-    """Gives what a finished task freed back to the system. Spark reuses a Python worker for the
-    next task, and a long run's largest worker grew with every batch (560 MiB to 1.2 GB over ten)
-    while nothing was allocated: Arrow's jemalloc keeps freed pages, and glibc keeps what the Kafka
-    client's threads freed in their arenas. Released after each task, a worker returns to ~220 MiB
-    (measured, 8 tasks of 500,000 records in one process)."""
-    pa.default_memory_pool().release_unused()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS) or the process's
-    own symbols cannot be opened (Windows): releasing is hygiene, and must never fail a task."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError, TypeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    return trim
