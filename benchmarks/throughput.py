@@ -7,8 +7,8 @@ Prints records/s for both, and the ratio of their marginal rates: each is measur
 every partition and on all of it, three times each in one run (the pipeline after a small
 warm-up run), and the second half's records over the extra time of the median runs is the
 marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
-consume is measured before and after the pipeline, and the faster one counts (its rate varies
-most). Also the peak memory of Spark's Python workers (it should follow the batch size, not the
+consume is measured as a plain loop and with Python's garbage collector paused (as oncemore's tasks
+run); the faster counts. The three take turns, so a drift in the machine's speed reaches them alike. Also the peak memory of Spark's Python workers (it should follow the batch size, not the
 range size). With ``--formats``, the same number of records again as flat JSON through a
 transform (records through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire
 format, a local schema registry), each warm. Not a test: figures, not verdicts.
@@ -17,6 +17,8 @@ format, a local schema registry), each warm. Not a test: figures, not verdicts.
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import logging
 import random
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import psutil
 from confluent_kafka import Consumer, TopicPartition
@@ -47,10 +50,14 @@ def make_records(count: int, partitions: int):
         yield i % partitions, str(i).encode(), value, None
 
 
-def raw_consume(pipeline, ends: dict[KafkaPartition, int]) -> tuple[int, float]:
+def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = True) -> tuple[int, float]:
     """One process, one consumer, all partitions from offset 0 to ``ends``: the rate oncemore is
-    measured against."""
+    measured against. With ``collector`` off, Python's cyclic garbage collector is paused while it
+    reads, as oncemore's tasks do (taskmemory.py): the client's messages are objects it tracks, and
+    a plain loop spends about a third of its time collecting."""
     consumer = Consumer(consumer_config(pipeline))
+    if not collector:
+        gc.disable()
     started = time.perf_counter()
     consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
     remaining = {p.partition: end for p, end in ends.items()}
@@ -66,6 +73,7 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int]) -> tuple[int, float]:
                 if message.offset() + 1 >= end:
                     remaining.pop(message.partition())
     elapsed = time.perf_counter() - started
+    gc.enable()
     consumer.close()
     return count, elapsed
 
@@ -75,21 +83,29 @@ def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
     return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
 
 
-def marginal(timed, n: int, parts: int, topic: str, repeats: int = 3) -> tuple[float, float]:
-    """(records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records, seconds) on
-    half of each partition and on all of it, ``repeats`` times in turn; the marginal rate is the
-    second half's records over the extra time of the median runs, so the fixed costs of a run
-    (planning, scheduling, the commit) cancel, and one slow run does not decide it."""
+def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str,
+             repeats: int = 3) -> dict[str, tuple[float, float]]:
+    """Per timer, (records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records,
+    seconds) on half of each partition and on all of it. The timers take turns, ``repeats`` times,
+    so a drift in the machine's speed (a shared VM's varied by a third within minutes) reaches
+    them all alike. The marginal rate is the second half's records over the extra time of the
+    median runs, so the fixed costs of a run (planning, scheduling, the commit) cancel, and one
+    slow run does not decide it."""
     half = half_ends(topic, n, parts)
     full = {p: n // parts for p in half}
-    few, many = [], []
+    runs: dict[str, tuple[list, list]] = {name: ([], []) for name in timers}
     for _ in range(repeats):
-        few.append(timed(half))
-        many.append(timed(full))
+        for name, timed in timers.items():
+            runs[name][0].append(timed(half))
+            runs[name][1].append(timed(full))
+    return {name: _rates(name, few, many) for name, (few, many) in runs.items()}
+
+
+def _rates(name: str, few: list[tuple[int, float]], many: list[tuple[int, float]]) -> tuple[float, float]:
     few_records, few_seconds = few[0][0], statistics.median(s for _, s in few)
     many_records, many_seconds = many[0][0], statistics.median(s for _, s in many)
     if many_seconds <= few_seconds:
-        sys.exit(f"all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
+        sys.exit(f"{name}: all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
                  "too few records to measure a rate; use more --records")
     return many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds)
 
@@ -194,9 +210,10 @@ def formats(broker, spark, work: str, n: int, parts: int, raw_rate: float) -> No
             if produce is not None:
                 broker.create_topic(topic, parts)
                 broker.produce(topic, produce())
-            whole, rate, _ = pipeline_rates(
+            timed, _ = pipeline_timer(
                 lambda size: pipeline_for(broker, topic, f"{work}/{label.split()[0]}-{size}", n, format_, **extra),
                 spark, n, parts, topic)
+            whole, rate = marginal({label: timed}, n, parts, topic)[label]
             print(f"  {label}: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s = {rate / raw_rate:.2f} x raw",
                   flush=True)
     finally:
@@ -218,9 +235,9 @@ def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) ->
     return report.written, seconds, memory
 
 
-def pipeline_rates(make, spark, n: int, parts: int, topic: str) -> tuple[float, float, PeakWorkerMemory]:
-    """(whole-range records/s, marginal records/s, the full run's memory) of the pipeline ``make(label)``
-    makes, each size into a fresh table."""
+def pipeline_timer(make, spark, n: int, parts: int, topic: str):
+    """A timer for ``marginal`` running the pipeline ``make(label)`` makes, each run into a fresh
+    table, and the list of its runs (records, seconds, memory)."""
     # A first run pays what a session does once per data source or path (its Python workers,
     # the sink's registration): a small one goes first, uncounted.
     timed_run(make("warmup"), spark, {p: min(1_000, e) for p, e in half_ends(topic, n, parts).items()})
@@ -230,8 +247,7 @@ def pipeline_rates(make, spark, n: int, parts: int, topic: str) -> tuple[float, 
         runs.append(timed_run(make(f"run{len(runs)}"), spark, ends))
         return runs[-1][:2]
 
-    whole, rate = marginal(timed, n, parts, topic)
-    return whole, rate, runs[-1][2]
+    return timed, runs
 
 
 def main() -> None:
@@ -255,28 +271,30 @@ def main() -> None:
             pipeline = pipeline_for(broker, "bench", work, n)
             avg_size = sum(len(v) for _, _, v, _ in make_records(1000, 1)) / 1000
 
-            raw_whole, raw_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
-            print(f"raw confluent-kafka consume, 1 process, {n} records of ~{avg_size:.0f} B: {raw_whole:,.0f} rec/s, "
-                  f"marginal {raw_rate:,.0f} rec/s", flush=True)
-
+            print(f"{n} records of ~{avg_size:.0f} B", flush=True)
             session_started = time.perf_counter()
             spark = spark_session("local[2]")
             print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
             written, seconds, _ = timed_run(pipeline, spark)
-            whole, rate, memory = pipeline_rates(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
-                                                 n, parts, "bench")
+            timed, runs = pipeline_timer(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
+                                         n, parts, "bench")
+            raw = {f"raw consume, collector {state}": functools.partial(raw_consume, pipeline, collector=state == "on")
+                   for state in ("on", "paused")}
+            rates = marginal({**raw, "pipeline": timed}, n, parts, "bench")
+            for name in raw:
+                print(f"{name} (confluent-kafka, 1 process): {rates[name][0]:,.0f} rec/s, marginal {rates[name][1]:,.0f} rec/s")
+            raw_rate = max(rates[name][1] for name in raw)
+            whole, rate = rates["pipeline"]
             # One task reading the whole range: memory must follow the batch size, not the range.
             _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
             print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
             print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
             print(f"  session warm: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s", flush=True)
-            print(f"  Python worker peak RSS: {memory.peak_single / mib:.0f} MiB with {n // parts} records per task, "
+            print(f"  Python worker peak RSS: {runs[-1][2].peak_single / mib:.0f} MiB with {n // parts} records per task, "
                   f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
                   f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
-            again_whole, again_rate = marginal(lambda ends: raw_consume(pipeline, ends), n, parts, "bench")
-            print(f"raw consume again: {again_whole:,.0f} rec/s, marginal {again_rate:,.0f} rec/s", flush=True)
-            raw_rate = max(raw_rate, again_rate)
-            print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume", flush=True)
+            print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume "
+                  f"({rate / min(rates[name][1] for name in raw):.2f} x the other)", flush=True)
             if args.formats:
                 formats(broker, spark, work, n, parts, raw_rate)
             spark.stop()
