@@ -4,7 +4,7 @@ of the same offsets, in one run, on the local faithful test broker (devbroker.te
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
 Prints records/s for both, and the ratio of their marginal rates: each is measured on half of
-every partition and on all of it, three times each in one run (the pipeline after a small
+every partition and on all of it, five times each in one run (the pipeline after a small
 warm-up run), and the second half's records over the extra time of the median runs is the
 marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
 consume is measured as a plain loop and with Python's garbage collector paused (as oncemore's tasks
@@ -84,7 +84,7 @@ def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
 
 
 def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str,
-             repeats: int = 3) -> dict[str, tuple[float, float]]:
+             repeats: int = 5) -> dict[str, tuple[float, float]]:
     """Per timer, (records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records,
     seconds) on half of each partition and on all of it. The timers take turns, ``repeats`` times,
     so a drift in the machine's speed (a shared VM's varied by a third within minutes) reaches
