@@ -8,10 +8,12 @@ every partition and on all of it, five times each in one run (the pipeline after
 warm-up run), and the second half's records over the extra time of the median runs is the
 marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
 consume is measured as a plain loop and with Python's garbage collector paused (as oncemore's tasks
-run); the faster counts. The three take turns, so a drift in the machine's speed reaches them alike. Also the peak memory of Spark's Python workers (it should follow the batch size, not the
+run); the faster counts. The three take turns, so a drift in the machine's speed reaches them
+alike. Also the peak memory of Spark's Python workers (it should follow the batch size, not the
 range size). With ``--formats``, the same number of records again as flat JSON through a
 transform (records through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire
-format, a local schema registry), each warm. Not a test: figures, not verdicts.
+format, a local schema registry), each warm and measured alone after the flat JSON (not in turns
+with the raw consume). Not a test: figures, not verdicts.
 """
 
 from __future__ import annotations
@@ -58,23 +60,25 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
     consumer = Consumer(consumer_config(pipeline))
     if not collector:
         gc.disable()
-    started = time.perf_counter()
-    consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
-    remaining = {p.partition: end for p, end in ends.items()}
-    count = 0
-    while remaining:
-        for message in consumer.consume(10_000, 1.0):
-            if message.error():
-                raise RuntimeError(message.error())
-            end = remaining.get(message.partition())
-            if end is not None and message.offset() < end:
-                count += 1
-                len(message.value())  # a consumer looks at the value
-                if message.offset() + 1 >= end:
-                    remaining.pop(message.partition())
-    elapsed = time.perf_counter() - started
-    gc.enable()
-    consumer.close()
+    try:
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
+        remaining = {p.partition: end for p, end in ends.items()}
+        count = 0
+        while remaining:
+            for message in consumer.consume(10_000, 1.0):
+                if message.error():
+                    raise RuntimeError(message.error())
+                end = remaining.get(message.partition())
+                if end is not None and message.offset() < end:
+                    count += 1
+                    len(message.value())  # a consumer looks at the value
+                    if message.offset() + 1 >= end:
+                        remaining.pop(message.partition())
+        elapsed = time.perf_counter() - started
+    finally:
+        gc.enable()
+        consumer.close()
     return count, elapsed
 
 

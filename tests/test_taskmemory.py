@@ -1,10 +1,32 @@
 """A task runs with Python's cyclic collector paused and leaves its worker with it on (taskmemory.py)."""
 
 import gc
+from types import SimpleNamespace
 
 import pytest
 
 from oncemore.taskmemory import task_memory
+from oncemore.tasks import decode_ranges, ingest_ranges
+
+
+@pytest.fixture(autouse=True)
+def collector_on_after():
+    yield
+    gc.enable()  # a failed assertion must not leave this test process without its collector
+
+
+@pytest.mark.parametrize("task", [ingest_ranges, decode_ranges])
+def test_both_kinds_of_task_read_their_ranges_with_the_collector_paused(task):
+    seen = []
+
+    def ranges():  # read by the task: records the collector's state then
+        seen.append(gc.isenabled())
+        yield from ()
+
+    # A task with no range to read: TaskFiles asks the spec for its shared writers, and has none to close.
+    spec = SimpleNamespace(main_writer=lambda: None, quarantine_writer=lambda: None)
+    assert list(task(ranges(), spec, None, {})) == []
+    assert seen == [False] and gc.isenabled()
 
 
 def test_a_task_runs_with_the_collector_paused_and_leaves_it_on_however_it_ends():

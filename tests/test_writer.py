@@ -18,8 +18,9 @@ def test_a_file_dictionary_encodes_the_columns_whose_values_repeat_and_every_nes
     table = pa.table({
         "_kafka_offset": pa.array(range(n), pa.int64()),  # all distinct
         "_kafka_partition": pa.array([0] * n, pa.int32()),
-        "amount": pa.array([i % (DICTIONARY_SAMPLE_ROWS // 2 + 1) / 4 for i in range(n)]),  # just over half distinct
-        "customer": pa.array([f"customer-{i % (DICTIONARY_SAMPLE_ROWS // 2)}" for i in range(n)]),  # half distinct
+        # Of the first DICTIONARY_SAMPLE_ROWS: 9 in 10 distinct, and just under.
+        "amount": pa.array([i % (DICTIONARY_SAMPLE_ROWS * 9 // 10) / 4 for i in range(n)]),
+        "customer": pa.array([f"customer-{i % (DICTIONARY_SAMPLE_ROWS * 9 // 10 - 1)}" for i in range(n)]),
         "_kafka_topic": pa.array(["orders"] * n),
         "maybe": pa.array([None] * n, pa.string()),
         "address": pa.array([{"city": "Oslo", "zip": str(i)} for i in range(n)],
