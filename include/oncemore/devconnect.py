@@ -4,8 +4,9 @@ resident-Spark runs and the tests: started and stopped by whoever calls ``start_
 The server is a Spark driver of its own (``local[N]`` here): its Python workers import what each
 client session ships as an artifact (oncemore's package zip) and what is installed where they run
 (the same virtualenv here, through PYSPARK_PYTHON). They fork from oncemore.workerdaemon, which
-has the libraries they import loaded: a run after Spark stopped its idle workers starts faster. Restarting it on the same port is what an
-operator does after a crash; clients reconnect with a new session.
+has the libraries they import loaded: a run after Spark stopped its idle workers starts faster.
+Restarting it on the same port is what an operator does after a crash; clients reconnect with a
+new session.
 """
 
 from __future__ import annotations
