@@ -3,17 +3,21 @@ of the same offsets, in one run, on the local faithful test broker (devbroker.te
 
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
-Prints records/s for both, and the ratio of their marginal rates: each is measured on half of
-every partition and on all of it, five times each in one run (the pipeline after a small
-warm-up run), and the second half's records over the extra time of the median runs is the
-marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit) cancel. The raw
-consume is measured as a plain loop and with Python's garbage collector paused (as oncemore's tasks
-run); the faster counts. The three take turns, so a drift in the machine's speed reaches them
-alike. Also the peak memory of Spark's Python workers (it should follow the batch size, not the
-range size). With ``--formats``, the same number of records again as flat JSON through a
-transform (records through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire
-format, a local schema registry), each warm and measured alone after the flat JSON (not in turns
-with the raw consume). Not a test: figures, not verdicts.
+Prints records/s for each, and the ratios of their marginal rates: each is measured on half of
+every partition and on all of it, five times each in one run (the pipeline after a small warm-up
+run), and the second half's records over the extra time of the median runs is the marginal rate,
+so a run's fixed costs (planning, Spark scheduling, the commit) cancel; the range of each turn's
+own ratio is printed beside it. The raw consume is measured as a plain loop (the issue's
+yardstick) and with Python's garbage collector paused (as oncemore's tasks run). So is a floor:
+the same ranges in two processes, one per core, doing the least that writing them as Parquet
+takes (consume with the collector paused, Arrow's JSON reader, a Parquet file; no checks, no
+keys or timestamps, no Spark, no Delta), what any ingestion into Parquet pays on these cores.
+The four take turns, so a drift in the machine's speed reaches them alike. Also the peak memory
+of Spark's Python workers (it should follow the batch size, not the range size). With
+``--formats``, the same number of records again as flat JSON through a transform (records
+through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire format, a local
+schema registry), each warm and measured alone after the flat JSON (not in turns with the raw
+consume). Not a test: figures, not verdicts.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import json
 import logging
+import multiprocessing
+import os
 import random
 import shutil
 import statistics
@@ -30,15 +37,21 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import psutil
-from confluent_kafka import Consumer, TopicPartition
+import pyarrow as pa
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+from confluent_kafka import Message, TopicPartition
 
 from oncemore import devbroker, runner
 from oncemore.config import OffsetBound, parse_pipeline
 from oncemore.coordinates import KafkaPartition
-from oncemore.kafka import consumer_config
+from oncemore.ddl import parse_ddl
+from oncemore.kafka import consumer_config, range_consumer
 from oncemore.planner import LATEST
 from oncemore.spark import spark_session
 
@@ -57,29 +70,77 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
     measured against. With ``collector`` off, Python's cyclic garbage collector is paused while it
     reads, as oncemore's tasks do (taskmemory.py): the client's messages are objects it tracks, and
     a plain loop spends about a third of its time collecting."""
-    consumer = Consumer(consumer_config(pipeline))
     if not collector:
         gc.disable()
     try:
-        started = time.perf_counter()
-        consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
-        remaining = {p.partition: end for p, end in ends.items()}
-        count = 0
-        while remaining:
-            for message in consumer.consume(10_000, 1.0):
-                if message.error():
-                    raise RuntimeError(message.error())
-                end = remaining.get(message.partition())
-                if end is not None and message.offset() < end:
-                    count += 1
-                    len(message.value())  # a consumer looks at the value
-                    if message.offset() + 1 >= end:
-                        remaining.pop(message.partition())
-        elapsed = time.perf_counter() - started
+        with range_consumer(consumer_config(pipeline)) as consumer:
+            started = time.perf_counter()
+            consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
+            remaining = {p.partition: end for p, end in ends.items()}
+            count = 0
+            while remaining:
+                for message in consumer.consume(10_000, 1.0):
+                    if message.error():
+                        raise RuntimeError(message.error())
+                    end = remaining.get(message.partition())
+                    if end is not None and message.offset() < end:
+                        count += 1
+                        len(message.value())  # a consumer looks at the value
+                        if message.offset() + 1 >= end:
+                            remaining.pop(message.partition())
+            elapsed = time.perf_counter() - started
     finally:
         gc.enable()
-        consumer.close()
     return count, elapsed
+
+
+def floor_task(config: dict[str, str], topic: str, partition: int, end: int, schema: pa.Schema, path: str) -> int:
+    """One range [0, end) through the least that writing it as Parquet takes, in one of the floor's
+    processes: consume with the collector paused, each consume() list's values joined as lines for
+    Arrow's JSON reader, their offsets beside, one Parquet file (plain encoding: the cheapest).
+    No checks, no timestamps, keys or quarantine, no Spark, no Delta. The rows written."""
+    gc.disable()
+    try:
+        with range_consumer(config) as consumer, \
+                pq.ParquetWriter(path, schema.append(pa.field("offset", pa.int64())), compression="snappy",
+                                 use_dictionary=False) as writer:
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            position = written = 0
+            while position < end:
+                messages = consumer.consume(min(10_000, end - position), 1.0)
+                if not messages:
+                    continue
+                lines = b"\n".join(map(Message.value, messages))
+                table = pajson.read_json(pa.BufferReader(lines), read_options=pajson.ReadOptions(
+                    use_threads=False, block_size=len(lines) + 1), parse_options=pajson.ParseOptions(
+                    explicit_schema=schema, unexpected_field_behavior="ignore"))
+                offsets = np.fromiter(map(Message.offset, messages), np.int64, len(messages))
+                writer.write_table(table.append_column("offset", pa.array(offsets)))
+                position, written = int(offsets[-1]) + 1, written + table.num_rows
+        return written
+    finally:
+        gc.enable()
+
+
+def floor_timer(pipeline, pool, work: str, warmup: dict[KafkaPartition, int]):
+    """A timer for ``marginal`` running floor_task over each range in ``pool`` (two processes),
+    after a run of ``warmup`` (the processes' imports and first consumers)."""
+    config, schema, runs = consumer_config(pipeline), parse_ddl(pipeline.format.ddl), itertools.count()
+
+    def timed(ends):
+        directory = f"{work}/floor-{next(runs)}"
+        os.makedirs(directory)
+        started = time.perf_counter()
+        written = sum(pool.starmap(floor_task, [(config, p.topic, p.partition, end, schema, f"{directory}/{p.partition}.parquet")
+                                                for p, end in ends.items()], chunksize=1))
+        elapsed = time.perf_counter() - started
+        shutil.rmtree(directory)
+        if written != sum(ends.values()):
+            sys.exit(f"floor: expected {sum(ends.values())} records written, got {written}")
+        return written, elapsed
+
+    timed(warmup)
+    return timed
 
 
 def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
@@ -87,14 +148,24 @@ def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
     return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
 
 
-def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str,
-             repeats: int = 5) -> dict[str, tuple[float, float]]:
-    """Per timer, (records/s of the whole range, marginal records/s): ``timed(ends)`` -> (records,
-    seconds) on half of each partition and on all of it. The timers take turns, ``repeats`` times,
-    so a drift in the machine's speed (a shared VM's varied by a third within minutes) reaches
-    them all alike. The marginal rate is the second half's records over the extra time of the
-    median runs, so the fixed costs of a run (planning, scheduling, the commit) cancel, and one
-    slow run does not decide it."""
+@dataclass(frozen=True)
+class Rates:
+    whole: float  # records/s of the whole range (median run)
+    marginal: float  # the second half's records over the extra time of the median runs
+    turns: list[float]  # the marginal rate of each turn on its own
+
+    def ratio(self, other: "Rates") -> str:
+        """This marginal rate over ``other``'s, and the range of the turns' own ratios."""
+        each = [mine / theirs for mine, theirs in zip(self.turns, other.turns)]
+        return f"{self.marginal / other.marginal:.2f} x (turns {min(each):.2f}-{max(each):.2f} x)"
+
+
+def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str, repeats: int = 5) -> dict[str, Rates]:
+    """Per timer, its Rates: ``timed(ends)`` -> (records, seconds) on half of each partition and on
+    all of it. The timers take turns, ``repeats`` times, so a drift in the machine's speed (a shared
+    VM's varied by a third within minutes) reaches them all alike. The marginal rate is the second
+    half's records over the extra time of the median runs, so the fixed costs of a run (planning,
+    scheduling, the commit) cancel, and one slow run does not decide it."""
     half = half_ends(topic, n, parts)
     full = {p: n // parts for p in half}
     runs: dict[str, tuple[list, list]] = {name: ([], []) for name in timers}
@@ -105,17 +176,20 @@ def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str,
     return {name: _rates(name, few, many) for name, (few, many) in runs.items()}
 
 
-def _rates(name: str, few: list[tuple[int, float]], many: list[tuple[int, float]]) -> tuple[float, float]:
+def _rates(name: str, few: list[tuple[int, float]], many: list[tuple[int, float]]) -> Rates:
     few_records, few_seconds = few[0][0], statistics.median(s for _, s in few)
     many_records, many_seconds = many[0][0], statistics.median(s for _, s in many)
     if many_seconds <= few_seconds:
         sys.exit(f"{name}: all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
                  "too few records to measure a rate; use more --records")
-    return many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds)
+    extra = many_records - few_records
+    return Rates(many_records / many_seconds, extra / (many_seconds - few_seconds),
+                 [extra / max(m - f, 1e-9) for (_, f), (_, m) in zip(few, many)])
 
 
 class PeakWorkerMemory(threading.Thread):
-    """Samples the summed RSS of this process's Python children (Spark's Python workers)."""
+    """Samples the summed RSS of Spark's Python workers: this process's Python descendants but its
+    own children (the floor's processes)."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -124,7 +198,7 @@ class PeakWorkerMemory(threading.Thread):
     def run(self):
         me = psutil.Process()
         while self.running:
-            workers = [c for c in me.children(recursive=True) if "python" in c.name().lower()]
+            workers = [c for c in me.children(recursive=True) if "python" in c.name().lower() and c.ppid() != me.pid]
             sizes = []
             for worker in workers:
                 try:
@@ -185,8 +259,9 @@ def protobuf_order():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.Order"))
 
 
-def formats(broker, spark, work: str, n: int, parts: int, raw_rate: float) -> None:
-    """Warm throughput of every way records travel, on the same number of ~200 B records."""
+def formats(broker, spark, work: str, n: int, parts: int, plain: float, paused: float) -> None:
+    """Warm throughput of every way records travel, on the same number of ~200 B records, next to
+    the raw consume's marginal rates as a ``plain`` loop and ``paused``."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -217,8 +292,9 @@ def formats(broker, spark, work: str, n: int, parts: int, raw_rate: float) -> No
             timed, _ = pipeline_timer(
                 lambda size: pipeline_for(broker, topic, f"{work}/{label.split()[0]}-{size}", n, format_, **extra),
                 spark, n, parts, topic)
-            whole, rate = marginal({label: timed}, n, parts, topic)[label]
-            print(f"  {label}: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s = {rate / raw_rate:.2f} x raw",
+            rates = marginal({label: timed}, n, parts, topic)[label]
+            print(f"  {label}: {rates.whole:,.0f} rec/s whole run, marginal {rates.marginal:,.0f} rec/s = "
+                  f"{rates.marginal / plain:.2f} x the plain raw loop, {rates.marginal / paused:.2f} x the paused one",
                   flush=True)
     finally:
         registry.stop()
@@ -282,25 +358,34 @@ def main() -> None:
             written, seconds, _ = timed_run(pipeline, spark)
             timed, runs = pipeline_timer(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
                                          n, parts, "bench")
-            raw = {f"raw consume, collector {state}": functools.partial(raw_consume, pipeline, collector=state == "on")
-                   for state in ("on", "paused")}
-            rates = marginal({**raw, "pipeline": timed}, n, parts, "bench")
-            for name in raw:
-                print(f"{name} (confluent-kafka, 1 process): {rates[name][0]:,.0f} rec/s, marginal {rates[name][1]:,.0f} rec/s")
-            raw_rate = max(rates[name][1] for name in raw)
-            whole, rate = rates["pipeline"]
+            plain, paused, floor = ("raw consume as a plain loop", "raw consume with the collector paused",
+                                    "floor")
+            with multiprocessing.get_context("spawn").Pool(2) as pool:
+                warmup = {p: min(1_000, e) for p, e in half_ends("bench", n, parts).items()}
+                rates = marginal({plain: functools.partial(raw_consume, pipeline),
+                                  paused: functools.partial(raw_consume, pipeline, collector=False),
+                                  floor: floor_timer(pipeline, pool, work, warmup), "pipeline": timed},
+                                 n, parts, "bench")
+            for name in (plain, paused):
+                print(f"{name} (confluent-kafka, 1 process): {rates[name].whole:,.0f} rec/s, "
+                      f"marginal {rates[name].marginal:,.0f} rec/s")
+            print(f"floor (2 processes: consume with the collector paused, Arrow's JSON reader, Parquet; no checks, no Spark, "
+                  f"no Delta): "
+                  f"{rates[floor].whole:,.0f} rec/s, marginal {rates[floor].marginal:,.0f} rec/s = "
+                  f"{rates[floor].ratio(rates[paused])} the paused raw consume")
+            mine = rates["pipeline"]
             # One task reading the whole range: memory must follow the batch size, not the range.
             _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
             print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
             print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
-            print(f"  session warm: {whole:,.0f} rec/s whole run, marginal {rate:,.0f} rec/s", flush=True)
+            print(f"  session warm: {mine.whole:,.0f} rec/s whole run, marginal {mine.marginal:,.0f} rec/s", flush=True)
             print(f"  Python worker peak RSS: {runs[-1][2].peak_single / mib:.0f} MiB with {n // parts} records per task, "
                   f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
                   f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
-            print(f"flat JSON, marginal: {rate / raw_rate:.2f} x the faster raw consume "
-                  f"({rate / min(rates[name][1] for name in raw):.2f} x the other)", flush=True)
+            print(f"flat JSON, marginal: {mine.ratio(rates[plain])} the raw consume as a plain loop; "
+                  f"{mine.ratio(rates[paused])} the paused one; {mine.ratio(rates[floor])} the floor", flush=True)
             if args.formats:
-                formats(broker, spark, work, n, parts, raw_rate)
+                formats(broker, spark, work, n, parts, rates[plain].marginal, rates[paused].marginal)
             spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)  # tables of every run: gigabytes at 2 M records
