@@ -7,17 +7,17 @@ Prints records/s for each, and the ratios of their marginal rates: each is measu
 every partition and on all of it, five times each in one run (the pipeline after a small warm-up
 run), and the second half's records over the extra time of the median runs is the marginal rate,
 so a run's fixed costs (planning, Spark scheduling, the commit) cancel; the range of each turn's
-own ratio is printed beside it. The raw consume is measured as a plain loop (the issue's
+own ratio is printed beside it. The raw consume is measured as a plain loop (issue 15's
 yardstick) and with Python's garbage collector paused (as oncemore's tasks run). So is a floor:
 the same ranges in two processes, one per core, doing the least that writing them as Parquet
-takes (consume with the collector paused, Arrow's JSON reader, a Parquet file; no checks, no
-keys or timestamps, no Spark, no Delta), what any ingestion into Parquet pays on these cores.
-The four take turns, so a drift in the machine's speed reaches them alike. Also the peak memory
-of Spark's Python workers (it should follow the batch size, not the range size). With
-``--formats``, the same number of records again as flat JSON through a transform (records
-through Spark DataFrames), nested JSON, Avro and Protobuf (Confluent's wire format, a local
-schema registry), each warm and measured alone after the flat JSON (not in turns with the raw
-consume). Not a test: figures, not verdicts.
+takes (read as oncemore reads a range, with the collector paused; Arrow's JSON reader and
+Parquet row groups of oncemore's sizes; no checks of the values, no keys or timestamps, no Spark,
+no Delta), what any ingestion into Parquet pays on these cores. The four take turns, so a drift
+in the machine's speed reaches them alike. Also the peak memory of Spark's Python workers (it
+should follow the batch size, not the range size). With ``--formats``, the same number of records
+again as flat JSON through a transform (records through Spark DataFrames), nested JSON, Avro and
+Protobuf (Confluent's wire format, a local schema registry), each warm and measured alone after
+the flat JSON (not in turns with the raw consume). Not a test: figures, not verdicts.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import psutil
@@ -51,7 +51,9 @@ from oncemore import devbroker, runner
 from oncemore.config import OffsetBound, parse_pipeline
 from oncemore.coordinates import KafkaPartition
 from oncemore.ddl import parse_ddl
-from oncemore.kafka import consumer_config, range_consumer
+from oncemore.kafka import consumer_config, range_consumer, read_messages
+from oncemore.records import BATCH_ROWS
+from oncemore.writer import ROW_GROUP_ROWS
 from oncemore.planner import LATEST
 from oncemore.spark import spark_session
 
@@ -73,8 +75,8 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
     if not collector:
         gc.disable()
     try:
+        started = time.perf_counter()  # the consumer's creation and close included, as in the floor and the pipeline
         with range_consumer(consumer_config(pipeline)) as consumer:
-            started = time.perf_counter()
             consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
             remaining = {p.partition: end for p, end in ends.items()}
             count = 0
@@ -88,7 +90,7 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
                         len(message.value())  # a consumer looks at the value
                         if message.offset() + 1 >= end:
                             remaining.pop(message.partition())
-            elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
     finally:
         gc.enable()
     return count, elapsed
@@ -96,35 +98,56 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
 
 def floor_task(config: dict[str, str], topic: str, partition: int, end: int, schema: pa.Schema, path: str) -> int:
     """One range [0, end) through the least that writing it as Parquet takes, in one of the floor's
-    processes: consume with the collector paused, each consume() list's values joined as lines for
-    Arrow's JSON reader, their offsets beside, one Parquet file (plain encoding: the cheapest).
-    No checks, no timestamps, keys or quarantine, no Spark, no Delta. The rows written."""
+    processes: read as oncemore reads a range (``read_messages``: errors and stalls named), with the
+    collector paused; the values of BATCH_ROWS records joined as lines for Arrow's JSON reader (no
+    check that they are one JSON object each), their offsets beside; row groups of ROW_GROUP_ROWS
+    in one Parquet file, plain-encoded (faster to write than dictionaries, larger files). No keys,
+    timestamps or quarantine, no Spark, no Delta. The rows written."""
     gc.disable()
     try:
         with range_consumer(config) as consumer, \
                 pq.ParquetWriter(path, schema.append(pa.field("offset", pa.int64())), compression="snappy",
                                  use_dictionary=False) as writer:
-            consumer.assign([TopicPartition(topic, partition, 0)])
-            position = written = 0
-            while position < end:
-                messages = consumer.consume(min(10_000, end - position), 1.0)
-                if not messages:
-                    continue
-                lines = b"\n".join(map(Message.value, messages))
+            parsed: list[pa.Table] = []  # the next row group
+            written = 0
+            for lines, offsets in _joined_batches(read_messages(consumer, topic, partition, 0, end, 60.0, "floor")):
                 table = pajson.read_json(pa.BufferReader(lines), read_options=pajson.ReadOptions(
                     use_threads=False, block_size=len(lines) + 1), parse_options=pajson.ParseOptions(
                     explicit_schema=schema, unexpected_field_behavior="ignore"))
-                offsets = np.fromiter(map(Message.offset, messages), np.int64, len(messages))
-                writer.write_table(table.append_column("offset", pa.array(offsets)))
-                position, written = int(offsets[-1]) + 1, written + table.num_rows
+                parsed.append(table.append_column("offset", pa.array(offsets)))
+                if sum(t.num_rows for t in parsed) >= ROW_GROUP_ROWS:
+                    written += _write_row_group(writer, parsed)
+                    parsed = []
+            if parsed:
+                written += _write_row_group(writer, parsed)
         return written
     finally:
         gc.enable()
 
 
-def floor_timer(pipeline, pool, work: str, warmup: dict[KafkaPartition, int]):
+def _joined_batches(lists: Iterable[list]) -> Iterator[tuple[bytes, np.ndarray]]:
+    """The messages of ``lists`` BATCH_ROWS at a time: their values joined as lines, their offsets."""
+    values: list[bytes] = []
+    offsets: list[int] = []
+    for messages in lists:
+        values += map(Message.value, messages)
+        offsets += map(Message.offset, messages)
+        if len(values) >= BATCH_ROWS:
+            yield b"\n".join(values), np.array(offsets, np.int64)
+            values, offsets = [], []
+    if values:
+        yield b"\n".join(values), np.array(offsets, np.int64)
+
+
+def _write_row_group(writer: pq.ParquetWriter, tables: list[pa.Table]) -> int:
+    rows = pa.concat_tables(tables)
+    writer.write_table(rows, row_group_size=rows.num_rows)
+    return rows.num_rows
+
+
+def floor_timer(pipeline, pool, work: str, n: int, parts: int, topic: str):
     """A timer for ``marginal`` running floor_task over each range in ``pool`` (two processes),
-    after a run of ``warmup`` (the processes' imports and first consumers)."""
+    after a small run (the processes' imports and first consumers)."""
     config, schema, runs = consumer_config(pipeline), parse_ddl(pipeline.format.ddl), itertools.count()
 
     def timed(ends):
@@ -139,7 +162,7 @@ def floor_timer(pipeline, pool, work: str, warmup: dict[KafkaPartition, int]):
             sys.exit(f"floor: expected {sum(ends.values())} records written, got {written}")
         return written, elapsed
 
-    timed(warmup)
+    timed(warmup_ends(topic, n, parts))
     return timed
 
 
@@ -148,16 +171,27 @@ def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
     return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
 
 
+def warmup_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
+    """The small first run a timer makes, uncounted: what a process or a session pays once."""
+    return {p: min(1_000, e) for p, e in half_ends(topic, n, parts).items()}
+
+
 @dataclass(frozen=True)
 class Rates:
     whole: float  # records/s of the whole range (median run)
     marginal: float  # the second half's records over the extra time of the median runs
-    turns: list[float]  # the marginal rate of each turn on its own
+    extra_seconds: tuple[float, ...]  # each turn's extra time for the second half
 
     def ratio(self, other: "Rates") -> str:
-        """This marginal rate over ``other``'s, and the range of the turns' own ratios."""
-        each = [mine / theirs for mine, theirs in zip(self.turns, other.turns)]
-        return f"{self.marginal / other.marginal:.2f} x (turns {min(each):.2f}-{max(each):.2f} x)"
+        """This marginal rate over ``other``'s, and the range of the turns' own ratios (turn i of
+        one timer next to turn i of the other: the same records, so the inverse ratio of their
+        extra times; a turn whose whole range took no longer than its half has none)."""
+        each = [theirs / mine for mine, theirs in zip(self.extra_seconds, other.extra_seconds, strict=True)
+                if mine > 0 and theirs > 0]
+        spread = f"turns {min(each):.2f}-{max(each):.2f} x" if each else "no turn measurable"
+        if each and len(each) < len(self.extra_seconds):
+            spread += f", {len(self.extra_seconds) - len(each)} not measurable"
+        return f"{self.marginal / other.marginal:.2f} x ({spread})"
 
 
 def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str, repeats: int = 5) -> dict[str, Rates]:
@@ -182,14 +216,13 @@ def _rates(name: str, few: list[tuple[int, float]], many: list[tuple[int, float]
     if many_seconds <= few_seconds:
         sys.exit(f"{name}: all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
                  "too few records to measure a rate; use more --records")
-    extra = many_records - few_records
-    return Rates(many_records / many_seconds, extra / (many_seconds - few_seconds),
-                 [extra / max(m - f, 1e-9) for (_, f), (_, m) in zip(few, many)])
+    return Rates(many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds),
+                 tuple(m - f for (_, f), (_, m) in zip(few, many, strict=True)))
 
 
 class PeakWorkerMemory(threading.Thread):
-    """Samples the summed RSS of Spark's Python workers: this process's Python descendants but its
-    own children (the floor's processes)."""
+    """Samples the summed RSS of Spark's Python workers: this process's Python descendants except its
+    own children (the floor's pool and its resource tracker, a schema registry)."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -198,11 +231,11 @@ class PeakWorkerMemory(threading.Thread):
     def run(self):
         me = psutil.Process()
         while self.running:
-            workers = [c for c in me.children(recursive=True) if "python" in c.name().lower() and c.ppid() != me.pid]
             sizes = []
-            for worker in workers:
-                try:
-                    sizes.append(worker.memory_info().rss)
+            for process in me.children(recursive=True):
+                try:  # a worker may end while it is looked at
+                    if "python" in process.name().lower() and process.ppid() != me.pid:
+                        sizes.append(process.memory_info().rss)
                 except psutil.Error:
                     pass
             self.peak_bytes = max(self.peak_bytes, sum(sizes))
@@ -259,9 +292,9 @@ def protobuf_order():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.Order"))
 
 
-def formats(broker, spark, work: str, n: int, parts: int, plain: float, paused: float) -> None:
+def formats(broker, spark, work: str, n: int, parts: int, plain_rate: float, paused_rate: float) -> None:
     """Warm throughput of every way records travel, on the same number of ~200 B records, next to
-    the raw consume's marginal rates as a ``plain`` loop and ``paused``."""
+    the raw consume's marginal rates as a plain loop and with the collector paused."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -294,7 +327,7 @@ def formats(broker, spark, work: str, n: int, parts: int, plain: float, paused: 
                 spark, n, parts, topic)
             rates = marginal({label: timed}, n, parts, topic)[label]
             print(f"  {label}: {rates.whole:,.0f} rec/s whole run, marginal {rates.marginal:,.0f} rec/s = "
-                  f"{rates.marginal / plain:.2f} x the plain raw loop, {rates.marginal / paused:.2f} x the paused one",
+                  f"{rates.marginal / plain_rate:.2f} x the plain raw loop, {rates.marginal / paused_rate:.2f} x the paused one",
                   flush=True)
     finally:
         registry.stop()
@@ -320,7 +353,7 @@ def pipeline_timer(make, spark, n: int, parts: int, topic: str):
     table, and the list of its runs (records, seconds, memory)."""
     # A first run pays what a session does once per data source or path (its Python workers,
     # the sink's registration): a small one goes first, uncounted.
-    timed_run(make("warmup"), spark, {p: min(1_000, e) for p, e in half_ends(topic, n, parts).items()})
+    timed_run(make("warmup"), spark, warmup_ends(topic, n, parts))
     runs = []
 
     def timed(ends):
@@ -361,17 +394,15 @@ def main() -> None:
             plain, paused, floor = ("raw consume as a plain loop", "raw consume with the collector paused",
                                     "floor")
             with multiprocessing.get_context("spawn").Pool(2) as pool:
-                warmup = {p: min(1_000, e) for p, e in half_ends("bench", n, parts).items()}
                 rates = marginal({plain: functools.partial(raw_consume, pipeline),
                                   paused: functools.partial(raw_consume, pipeline, collector=False),
-                                  floor: floor_timer(pipeline, pool, work, warmup), "pipeline": timed},
+                                  floor: floor_timer(pipeline, pool, work, n, parts, "bench"), "pipeline": timed},
                                  n, parts, "bench")
             for name in (plain, paused):
                 print(f"{name} (confluent-kafka, 1 process): {rates[name].whole:,.0f} rec/s, "
                       f"marginal {rates[name].marginal:,.0f} rec/s")
-            print(f"floor (2 processes: consume with the collector paused, Arrow's JSON reader, Parquet; no checks, no Spark, "
-                  f"no Delta): "
-                  f"{rates[floor].whole:,.0f} rec/s, marginal {rates[floor].marginal:,.0f} rec/s = "
+            print("floor (2 processes: consume with the collector paused, Arrow's JSON reader, Parquet; no checks, "
+                  f"no Spark, no Delta): {rates[floor].whole:,.0f} rec/s, marginal {rates[floor].marginal:,.0f} rec/s = "
                   f"{rates[floor].ratio(rates[paused])} the paused raw consume")
             mine = rates["pipeline"]
             # One task reading the whole range: memory must follow the batch size, not the range.
