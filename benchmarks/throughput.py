@@ -96,7 +96,8 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
     return count, elapsed
 
 
-def floor_task(config: dict[str, str], topic: str, partition: int, end: int, schema: pa.Schema, path: str) -> int:
+def floor_task(config: dict[str, str], stall_timeout: float, topic: str, partition: int, end: int, schema: pa.Schema,
+               path: str) -> int:
     """One range [0, end) through the least that writing it as Parquet takes, in one of the floor's
     processes: read as oncemore reads a range (``read_messages``: errors and stalls named), with the
     collector paused; the values of BATCH_ROWS records joined as lines for Arrow's JSON reader (no
@@ -110,7 +111,7 @@ def floor_task(config: dict[str, str], topic: str, partition: int, end: int, sch
                                  use_dictionary=False) as writer:
             parsed: list[pa.Table] = []  # the next row group
             written = 0
-            for lines, offsets in _joined_batches(read_messages(consumer, topic, partition, 0, end, 60.0, "floor")):
+            for lines, offsets in _joined_batches(read_messages(consumer, topic, partition, 0, end, stall_timeout, "floor")):
                 table = pajson.read_json(pa.BufferReader(lines), read_options=pajson.ReadOptions(
                     use_threads=False, block_size=len(lines) + 1), parse_options=pajson.ParseOptions(
                     explicit_schema=schema, unexpected_field_behavior="ignore"))
@@ -154,8 +155,10 @@ def floor_timer(pipeline, pool, work: str, n: int, parts: int, topic: str):
         directory = f"{work}/floor-{next(runs)}"
         os.makedirs(directory)
         started = time.perf_counter()
-        written = sum(pool.starmap(floor_task, [(config, p.topic, p.partition, end, schema, f"{directory}/{p.partition}.parquet")
-                                                for p, end in ends.items()], chunksize=1))
+        stall_timeout = pipeline.source.stall_timeout_seconds
+        written = sum(pool.starmap(floor_task, [(config, stall_timeout, p.topic, p.partition, end, schema,
+                                                 f"{directory}/{p.partition}.parquet") for p, end in ends.items()],
+                                   chunksize=1))
         elapsed = time.perf_counter() - started
         shutil.rmtree(directory)
         if written != sum(ends.values()):
@@ -391,8 +394,7 @@ def main() -> None:
             written, seconds, _ = timed_run(pipeline, spark)
             timed, runs = pipeline_timer(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
                                          n, parts, "bench")
-            plain, paused, floor = ("raw consume as a plain loop", "raw consume with the collector paused",
-                                    "floor")
+            plain, paused, floor = "raw consume as a plain loop", "raw consume with the collector paused", "floor"
             with multiprocessing.get_context("spawn").Pool(2) as pool:
                 rates = marginal({plain: functools.partial(raw_consume, pipeline),
                                   paused: functools.partial(raw_consume, pipeline, collector=False),
