@@ -149,13 +149,13 @@ def _write_row_group(writer: pq.ParquetWriter, tables: list[pa.Table]) -> int:
 def floor_timer(pipeline, pool, work: str, n: int, parts: int, topic: str):
     """A timer for ``marginal`` running floor_task over each range in ``pool`` (two processes),
     after a small run (the processes' imports and first consumers)."""
-    config, schema, runs = consumer_config(pipeline), parse_ddl(pipeline.format.ddl), itertools.count()
+    config, stall_timeout = consumer_config(pipeline), pipeline.source.stall_timeout_seconds
+    schema, runs = parse_ddl(pipeline.format.ddl), itertools.count()
 
     def timed(ends):
         directory = f"{work}/floor-{next(runs)}"
         os.makedirs(directory)
         started = time.perf_counter()
-        stall_timeout = pipeline.source.stall_timeout_seconds
         written = sum(pool.starmap(floor_task, [(config, stall_timeout, p.topic, p.partition, end, schema,
                                                  f"{directory}/{p.partition}.parquet") for p, end in ends.items()],
                                    chunksize=1))
