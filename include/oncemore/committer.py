@@ -127,19 +127,43 @@ def commit(
 
 
 def commit_positions(ledger: Ledger, positions: Mapping[KafkaPartition, int], record: CommitRecord,
-                     take_over: bool = False) -> int:
-    """A commit of no files that sets ``positions`` (a deliberate reset); returns its version.
-    A concurrent commit of the pipeline makes it fail (CommitFailedError): run it again.
+                     seen: Mapping[KafkaPartition, int | None] | None = None,
+                     partitions: Iterable[KafkaPartition] = (), take_over: bool = False) -> int:
+    """A commit of no files that sets ``positions`` (a deliberate reset) and re-states the other
+    held positions of ``partitions`` as the snapshot it builds on holds them; returns its version.
+
+    ``seen``: the positions the caller's decision (and ``record``) rests on; when the snapshot
+    holds others (a run committed meanwhile), nothing is committed (CommitConflict), so a reset
+    never undoes a commit it did not see and its record never misstates where it moved from. A
+    concurrent commit of the pipeline's positions makes it fail the same way: run it again.
     ``take_over`` lets it make this pipeline the owner of a topic another pipeline ingested."""
     table = ledger.snapshot()
     if not take_over:
         check_owner_at_commit(ledger, table, {p.topic for p in positions})
+    if seen is not None:
+        current = ledger.positions(seen, table)
+        if current != dict(seen):
+            raise CommitConflict(
+                f"{ledger.table_uri}: positions of pipeline {ledger.pipeline} moved while the reset was being "
+                f"prepared ({_moves(seen, current, positions, 'the reset moves it to')}); nothing was committed: "
+                "run the reset again",
+                table_uri=ledger.table_uri, expected=dict(seen), found=current)
     read_version = table.version()
-    properties = CommitProperties(app_transactions=ledger.transactions(positions, positions, table, record),
-                                  custom_metadata={METADATA_KEY: record.to_json()})
-    table.create_write_transaction([], mode="append", schema=table.schema(),
-                                   partition_by=list(table.metadata().partition_columns) or None,
-                                   commit_properties=properties)
+    properties = CommitProperties(
+        app_transactions=ledger.transactions(positions, {*positions, *partitions}, table, record),
+        custom_metadata={METADATA_KEY: record.to_json()})
+    try:
+        table.create_write_transaction([], mode="append", schema=table.schema(),
+                                       partition_by=list(table.metadata().partition_columns) or None,
+                                       commit_properties=properties)
+    except CommitFailedError as exc:
+        mine = ledger.find_commit(record, read_version, ledger.snapshot())
+        if mine is not None:  # delta-rs's retry of a commit that had landed conflicted with it
+            return mine
+        raise CommitConflict(
+            f"{ledger.table_uri}: a concurrent commit of pipeline {ledger.pipeline} landed while the reset was "
+            f"committing; nothing was committed: run the reset again ({exc})", table_uri=ledger.table_uri,
+            attempted=True) from exc
     return _version_of(ledger, record, read_version)
 
 
@@ -170,8 +194,8 @@ def _reached(current: Mapping[KafkaPartition, int | None], target: Mapping[Kafka
     return all(current[p] is not None and current[p] >= v for p, v in target.items())
 
 
-def _moves(expected, current, new_positions) -> str:
-    return ", ".join(f"{p}: expected {expected[p]}, found {current[p]}, batch ends at {n}"
+def _moves(expected, current, new_positions, ends: str = "batch ends at") -> str:
+    return ", ".join(f"{p}: expected {expected[p]}, found {current[p]}, {ends} {n}"
                      for p, n in sorted(new_positions.items()) if current[p] != expected[p])
 
 

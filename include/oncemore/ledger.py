@@ -142,9 +142,13 @@ class Ledger:
         """The txn actions of a commit on ``table``'s snapshot: ``new_positions``, every other of
         ``partitions``' held position re-stated, per topic the topic and cluster the offsets refer
         to (the record's, else the held ones) and this pipeline as its owner; all stamped now, so
-        none expires while the pipeline runs."""
+        none expires while the pipeline runs. A topic of ``partitions`` that the snapshot says
+        another pipeline owns (handed over since the caller looked) is left as it is: re-stating
+        it would take it back. The caller has checked the owner of ``new_positions``' topics."""
         now_ms = int(time.time() * 1000)
-        held = {p: v for p, v in self.positions(set(partitions) - set(new_positions), table).items() if v is not None}
+        mine = (None, fingerprint(self.pipeline))
+        held = {p: v for p, v in self.positions(set(partitions) - set(new_positions), table).items()
+                if v is not None and self.claims(p.topic, table).owner in mine}
         positions = {**held, **new_positions}
         actions = [Transaction(app_id(self.pipeline, p.topic, p.partition), v, now_ms) for p, v in sorted(positions.items())]
         for topic in sorted({p.topic for p in positions}):
@@ -202,6 +206,30 @@ class Ledger:
     def last_commit(self, topic: str, table: DeltaTable | None = None, limit: int | None = RECENT_HISTORY) -> CommitEntry | None:
         """This pipeline's newest commit on ``topic`` within the last ``limit`` commits (None: the whole log)."""
         return next((e for e in self.recent_batches(limit, table) if topic in e.record.topics), None)
+
+    def newest_batch(self, table: DeltaTable) -> CommitEntry | None:
+        """This pipeline's newest commit: in recent history, else searched through the whole log
+        (a table busy with other pipelines' commits)."""
+        return next(iter(self.recent_batches(RECENT_HISTORY, table) or self.recent_batches(None, table)), None)
+
+    def stated_positions(self, version: int) -> dict[KafkaPartition, int]:
+        """The positions of this pipeline that commit ``version`` stated in its txn actions (an
+        oncemore commit states every position the pipeline holds, on any topic); {} when the log
+        no longer keeps its file."""
+        fs, root = self._log_store
+        prefix = f"oncemore/{self.pipeline}/"
+        try:
+            with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as stream:
+                lines = stream.read().splitlines()
+        except FileNotFoundError:
+            return {}
+        stated = {}
+        for txn in (json.loads(line).get("txn") for line in filter(None, lines)):
+            if txn and txn["appId"].startswith(prefix):
+                topic, _, partition = txn["appId"][len(prefix):].rpartition("/")
+                if partition.isdigit():  # not an identity claim (.../@topic_id)
+                    stated[KafkaPartition(topic, int(partition))] = txn["version"]
+        return stated
 
     def find_commit(self, record: CommitRecord, after_version: int, table: DeltaTable) -> int | None:
         """The version of the commit carrying ``record`` among all versions after ``after_version``

@@ -317,8 +317,17 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     table = ledger.snapshot()
     positions = ledger.positions(state.partitions, table)
     check_continuity(pipeline, ledger, table, positions, state.identities, log)
-    # A topic's first commit starts at starting_offsets; partitions added to a topic after its
-    # first commit start at their beginning.
+    starts = first_offsets(admin, pipeline, positions, log)
+    range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
+    # Explicit `until` offsets leave unnamed partitions where they are.
+    ends = bounds_.resolve(admin, pipeline, until, log, range_starts, default={p: None for p in log})
+    return plan(pipeline, positions, log, starts, ends, until=until.describe(), identities=state.identities)
+
+
+def first_offsets(admin: AdminClient, pipeline: Pipeline, positions: Mapping[KafkaPartition, int | None],
+                  log: Mapping[KafkaPartition, PartitionBounds]) -> dict[KafkaPartition, int]:
+    """Where each partition of ``log`` starts while it has no position: a topic's first commit at
+    ``starting_offsets``; a partition added to a topic after its first commit at its beginning."""
     positioned = {p.topic for p, v in positions.items() if v is not None}
     earliest = {p: b.earliest for p, b in log.items()}
     new = {p: b for p, b in log.items() if p.topic not in positioned}
@@ -326,10 +335,7 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     if new:
         starts.update(bounds_.resolve(admin, pipeline, pipeline.source.starting_offsets.only({p.topic for p in new}),
                                       new, range_starts={p: None for p in new}, default=earliest))
-    range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
-    # Explicit `until` offsets leave unnamed partitions where they are.
-    ends = bounds_.resolve(admin, pipeline, until, log, range_starts, default={p: None for p in log})
-    return plan(pipeline, positions, log, starts, ends, until=until.describe(), identities=state.identities)
+    return starts
 
 
 def describe(plan_: Plan) -> str:

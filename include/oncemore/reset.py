@@ -18,8 +18,9 @@ from .config import OffsetBound, Pipeline
 from .commitrecord import CommitRecord, Reset
 from .continuity import check_owner
 from .coordinates import nested
-from .errors import PlanError
+from .errors import CommitConflict, PlanError
 from .ledger import Ledger
+from .planner import first_offsets
 from .preflight import table_checks
 from .tables import ensure_tables
 
@@ -27,16 +28,21 @@ from .tables import ensure_tables
 def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False,
           topics: Iterable[str] = (), dry_run: bool = False) -> dict[str, Any]:
     """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) of
-    ``topics`` (default: every topic of the pipeline) in both tables. An unnamed partition keeps
-    each table's own position, and one without a position stays without (a run starts it as it
-    would have: a new topic at ``starting_offsets``): the quarantine table's may be ahead after a
-    crash between the two commits of a batch, and it is that floor which keeps its rows from being
-    written twice.
+    ``topics`` (default: every topic of the pipeline) in both tables. Nothing else moves: every
+    other partition keeps each table's own position as the snapshot the reset commits on holds it
+    (a run committing meanwhile is kept, not undone), and the quarantine table's may be ahead after
+    a crash between the two commits of a batch, which is the floor that keeps its rows from being
+    written twice. A topic that has no position yet gets its first ones from the reset: the
+    partitions it does not name start where a run would have started them (``starting_offsets``).
 
-    ``take_over`` lets this pipeline take the topic over in a table where another pipeline
-    ingests it: the reset commits make this pipeline the owner, and the other one's runs are
-    refused from then on. ``dry_run``: every check made and the positions resolved, nothing
-    created or committed."""
+    The reset is decided on the positions it reads first; if the snapshot it commits on holds
+    others for a partition it moves (a run committed meanwhile), it commits nothing and fails
+    (CommitConflict), so its record always states the positions it really moved from.
+
+    ``take_over`` lets this pipeline take ``topics`` over in a table where another pipeline ingests
+    them: the reset commits make this pipeline their owner, and the other one's runs are refused
+    from then on; topics not reset are left to their owners. ``dry_run``: every check made and the
+    positions resolved, nothing created or committed."""
     admin = kafka.admin_client(pipeline)
     state = kafka.describe_source(admin, pipeline)
     chosen = set(topics) or set(state.topics)
@@ -46,50 +52,63 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
         raise PlanError(f"pipeline {pipeline.name}: topic {outside[0]} is not among the ones reset "
                         f"({', '.join(sorted(chosen))}) of the pipeline's ({', '.join(state.topics)})",
                         pipeline=pipeline.name, topic=outside[0])
-    log = kafka.log_bounds(admin, pipeline, state.partitions)
+    log = kafka.log_bounds(admin, pipeline, [p for p in state.partitions if p.topic in chosen])
     options = pipeline.sink.storage_options
     main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
     quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
-    for topic in state.topics:
-        check_owner(pipeline, main, main.snapshot(), topic, take_over)
-    before = main.positions(state.partitions)
-    reset_log = {p: b for p, b in log.items() if p.topic in chosen}
-    resolved = bounds.resolve(admin, pipeline, to, reset_log, range_starts={p: None for p in reset_log},
-                              default={p: None for p in reset_log})
-    named = {p for p, offset in resolved.items() if offset is not None}
-    for partition in sorted(named):
-        if not log[partition].earliest <= resolved[partition] <= log[partition].latest:
+    table = main.snapshot()
+    for topic in sorted(chosen):
+        check_owner(pipeline, main, table, topic, take_over)
+    seen = main.positions(log, table)
+    resolved = bounds.resolve(admin, pipeline, to, log, range_starts={p: None for p in log},
+                              default={p: None for p in log})
+    named = {p: offset for p, offset in resolved.items() if offset is not None}
+    for partition, offset in sorted(named.items()):
+        if not log[partition].earliest <= offset <= log[partition].latest:
             raise PlanError(
-                f"pipeline {pipeline.name}: {partition}: cannot reset to offset {resolved[partition]}, outside the log "
+                f"pipeline {pipeline.name}: {partition}: cannot reset to offset {offset}, outside the log "
                 f"[{log[partition].earliest}, {log[partition].latest}]",
-                pipeline=pipeline.name, topic=partition.topic, partition=partition.partition,
-                offset=resolved[partition],
+                pipeline=pipeline.name, topic=partition.topic, partition=partition.partition, offset=offset,
             )
-    target = {p: resolved[p] if p in named else before[p] for p in log}
-    quarantine_before = quarantine.positions(state.partitions)
-    quarantine_target = {p: target[p] if p in named else quarantine_before[p] for p in log}
+    # A topic's first positions are recorded for all its partitions at once (as a run's first
+    # batch does): afterwards a partition without one is taken for one added to the topic later.
+    # (In the quarantine table they stay without: its position is only ever a floor.)
+    new_topics = {p.topic for p in log} - {p.topic for p, v in seen.items() if v is not None}
+    unnamed = {p: b for p, b in log.items() if p.topic in new_topics and p not in named}
+    target = {**named, **first_offsets(admin, pipeline, {}, unnamed)}
+    quarantine_seen = quarantine.positions(named)
     schema = _table_schema(pipeline, main, state.topics)
     if dry_run:  # the tables' checks a reset would make, read-only
         failed = [c for c in table_checks(pipeline) if not c.ok]
         if failed:
             raise PlanError(f"pipeline {pipeline.name}: {failed[0].what}: {failed[0].problem}; a reset would fail",
                             pipeline=pipeline.name)
-        return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": {}}
+        return {"pipeline": pipeline.name, "topics": state.topics, "from": {p: seen[p] for p in target},
+                "to": target, "versions": {}}
     ensure_tables(pipeline, schema)
     run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
     versions = {}
     # Main table first: a crash before the quarantine commit leaves the quarantine table's floor
     # where it was, which only ever keeps a quarantine row from being written twice.
-    for ledger, was, now in ((main, before, target), (quarantine, quarantine_before, quarantine_target)):
-        moved = {p: v for p, v in now.items() if v is not None}
+    for ledger, was, now in ((main, {p: seen[p] for p in target}, target), (quarantine, quarantine_seen, named)):
         record = CommitRecord(
             pipeline=pipeline.name, run_id=run_id, until=to.describe(),
-            topic_ids={t: i.topic_id for t, i in sorted(state.identities.items())},
+            # The IDs of the topics reset only: another topic's positions keep the identity they
+            # were committed for (a recreated one among them stays refused until reset itself).
+            topic_ids={t: i.topic_id for t, i in sorted(state.identities.items()) if t in chosen},
             cluster_id=next(iter(state.identities.values())).cluster_id,
-            reset=Reset(from_positions=nested(was), to_positions=nested(moved), to=to.describe()),
+            reset=Reset(from_positions=nested(was), to_positions=nested(now), to=to.describe()),
         )
-        versions[ledger.table_uri] = commit_positions(ledger, moved, record, take_over)
-    return {"pipeline": pipeline.name, "topics": state.topics, "from": before, "to": target, "versions": versions}
+        try:
+            versions[ledger.table_uri] = commit_positions(ledger, now, record, seen=was, partitions=state.partitions,
+                                                          take_over=take_over)
+        except CommitConflict as conflict:
+            if not versions:
+                raise
+            raise CommitConflict(f"{conflict} (the main table's reset landed as version {versions[main.table_uri]}: "
+                                 "the same reset again sets the quarantine table's)", **conflict.evidence) from None
+    return {"pipeline": pipeline.name, "topics": state.topics, "from": {p: seen[p] for p in target}, "to": target,
+            "versions": versions}
 
 
 def _table_schema(pipeline: Pipeline, main: Ledger, topics: list[str]):

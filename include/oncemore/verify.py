@@ -3,8 +3,9 @@
 For the pipeline's commits in the main table's log (every one whose commit file the log keeps;
 ``since`` limits item 3 to the commits from that version on), it checks:
 1. history: per partition, each batch starts where the one before ended, or at the end of a gap
-   that batch records, or where a reset put the partition; the snapshot's positions are where the
-   last batch or reset left each partition;
+   that batch records, or where a reset put the partition, and a reset moved it from where the
+   history had left it; the snapshot's positions are where the last batch or reset left each
+   partition;
 2. rows: every row of the main and the quarantine table lies in a committed range, and no
    (topic, partition, offset) is in the tables more often than committed ranges cover it (once;
    twice where a reset rewound the partition and the offsets were ingested again). A quarantine
@@ -177,6 +178,15 @@ def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartiti
     for entry in history:
         record, version = entry.record, entry.version
         if record.reset is not None:
+            # A reset's record says where it moved each partition from: the history must agree,
+            # or the record passes a rewind off as deliberate that never was.
+            for p, was in sorted(flat(record.reset.from_positions).items()):
+                position, previous = left.get(p, (was, None))
+                if was != position:
+                    report.add(Discrepancy("history", p.topic, p.partition, min(was or 0, position),
+                                           max(was or 0, position), (previous, version),
+                                           f"reset {version} says it moved the partition from {was}, where commit "
+                                           f"{previous} left it at {position}"))
             for p, to in flat(record.reset.to_positions).items():
                 left[p] = (to, version)
         for p, (start, end) in sorted(record.partition_ranges().items()):
