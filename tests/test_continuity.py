@@ -139,7 +139,8 @@ def test_every_commit_restates_idle_partitions_so_they_do_not_expire(broker, top
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
-def test_a_renamed_pipeline_or_a_table_of_another_tool_is_refused(broker, topic, make_pipeline, spark, tmp_path):
+def test_a_renamed_pipeline_another_pipelines_table_or_another_tools_is_refused_saying_whose(
+        broker, topic, make_pipeline, spark, tmp_path):
     broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)
     runner.run(pipeline, spark_factory=lambda: spark)
@@ -153,8 +154,17 @@ def test_a_renamed_pipeline_or_a_table_of_another_tool_is_refused(broker, topic,
     foreign = str(tmp_path / "foreign")
     write_deltalake(foreign, pa.table({"id": [1, 2]}))
     other = make_pipeline(topic, name="other", sink={"table_uri": foreign})
-    with pytest.raises(PositionsMissing, match=r"table .*foreign \(version 0\) holds commits or data but no positions"):
+    with pytest.raises(PositionsMissing, match=r"table .*foreign \(version 0\) holds data that no oncemore pipeline "
+                                               r"committed \(another tool wrote it\)"):
         runner.run(other, spark_factory=no_spark)
+    # A second pipeline on another topic into the first one's table is told whose table it is.
+    broker.create_topic(f"{topic}_other", 3)
+    second = make_pipeline(f"{topic}_other", name="second", sink={"table_uri": pipeline.sink.table_uri})
+    with pytest.raises(PositionsMissing, match=rf"pipeline second: table {pipeline.sink.table_uri} \(version 1\) "
+                                               r"belongs to pipeline orders: its oncemore commits are by orders, none "
+                                               r"by second\. A table belongs to one pipeline: point second's "
+                                               r"sink\.table_uri at a table of its own\.$"):
+        runner.run(second, spark_factory=no_spark)
 
 
 def test_checkpoint_compaction_and_vacuum_keep_the_positions(broker, topic, make_pipeline, spark):

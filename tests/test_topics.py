@@ -17,6 +17,7 @@ from oncemore.errors import PlanError, TopicChanged
 from oncemore.group_mirror import group_id
 from oncemore.report import status
 from oncemore.reset import reset
+from oncemore.verify import verify
 
 from conftest import assert_exactly_once, held_positions, orders, produced_coordinates, read_coordinates
 
@@ -74,6 +75,31 @@ def test_a_pattern_picks_up_new_topics_at_their_starting_offsets_and_never_other
     assert report.written == 110
     assert_exactly_once(read_coordinates(pipeline.sink.table_uri), produced)
     assert sorted(report.plan.topics) == [f"{prefix}.eu", f"{prefix}.us"]
+
+
+def test_a_pattern_whose_topics_are_all_replaced_goes_on_with_the_new_ones_and_status_names_the_gone(
+        broker, make_pipeline, spark):
+    prefix = f"rot{time.time_ns() % 10**9}"
+    first = f"{prefix}.a"
+    broker.create_topic(first, 2)
+    produced = produced_coordinates(first, broker.produce(first, orders(0, 40, partitions=2)))
+    pipeline = make_pipeline(None, name="rotating", source={"topic": None, "topic_pattern": f"{prefix}\\..*",
+                                                             "starting_offsets": "earliest"})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    gone = {}
+    for old, new in ((first, f"{prefix}.b"), (f"{prefix}.b", f"{prefix}.c")):  # rotated twice
+        broker.delete_topic(old)
+        time.sleep(0.5)
+        broker.create_topic(new, 3)
+        produced += produced_coordinates(new, broker.produce(new, orders(0, 30)))
+
+        report = runner.run(pipeline, spark_factory=lambda: spark)  # refused as "positions missing" before
+
+        assert report.plan.topics == (new,) and report.written == 30
+        gone[old] = {"why": "deleted", "positions": {"0": 20, "1": 20} if old == first else {"0": 10, "1": 10, "2": 10}}
+        assert status(pipeline)["gone"] == gone
+    assert_exactly_once(read_coordinates(pipeline.sink.table_uri), produced)
+    assert verify(pipeline, lambda: spark).ok
 
 
 def test_one_recreated_topic_of_two_stops_the_run_naming_it_and_its_reset_leaves_the_other(broker, make_pipeline,

@@ -3,14 +3,16 @@ so nothing is read on positions that no longer mean what they meant.
 
 Refused, each naming pipeline, topic and what was found: a topic another pipeline ingests into
 the same table (both would plan the same ranges, every record twice); positions missing from a
-table that holds data or commits (they expired, the pipeline was renamed, another tool wrote
-it); another cluster; a recreated topic (new topic ID); a position beyond the log end.
+table that holds data or commits (they expired, the table is another pipeline's, another tool
+wrote it); another cluster; a recreated topic (new topic ID); a position beyond the log end. A
+pipeline whose topics were all replaced (dated or rotated topics of a pattern) is not refused:
+the topics it reads now are new to it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .commitrecord import CommitEntry
 from .config import Pipeline, known_pipeline_names
@@ -30,24 +32,16 @@ def check_continuity(
 ) -> None:
     """Refuses to plan when the table's positions cannot be trusted to continue (module docstring).
     A topic with no position at all while others have some is new to the pipeline (a pattern
-    matched it): it starts at ``starting_offsets``."""
+    matched it): it starts at ``starting_offsets``; so does every topic when the pipeline's newest
+    commit was on topics it no longer reads."""
     if table is None:
         return
     for topic in sorted(identities):
         check_owner(pipeline, ledger, table, topic)
     if all(v is None for v in positions.values()):
-        version = table.version()
         # Data, or an oncemore commit: a table only created or altered (constraints, properties) is new.
         if table.get_add_actions(flatten=False).num_rows or ledger.recent_commits(RECENT_HISTORY, table):
-            raise PositionsMissing(
-                f"pipeline {pipeline.name}: table {pipeline.sink.table_uri} (version {version}) holds commits or "
-                f"data but no positions for this pipeline's {pipeline.source.describe_subscription()}"
-                f"{_missing_hint(ledger, table)}. They expired (delta.setTransactionRetentionDuration), the pipeline "
-                "was renamed, or another tool wrote the table; oncemore does not ingest from starting_offsets over "
-                f"them. Set positions deliberately: `oncemore reset {pipeline.name} --to earliest|latest|TIMESTAMP|"
-                f"'{{\"TOPIC\": {{\"0\": OFFSET}}}}'`.",
-                pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=version,
-            )
+            check_positions_kept(pipeline, ledger, table, identities)
         return
     for topic, identity in sorted(identities.items()):
         held = {p: v for p, v in positions.items() if p.topic == topic and v is not None}
@@ -136,18 +130,46 @@ def check_owner(pipeline: Pipeline, ledger: Ledger, table, topic: str, take_over
     )
 
 
-def _missing_hint(ledger: Ledger, table) -> str:
-    """What recent history says about the missing positions: this pipeline's last ranges, or
-    which pipelines did commit here (a rename)."""
-    commits = ledger.recent_commits(50, table)
-    own = [c for c in commits if c.record.pipeline == ledger.pipeline]
-    if own:
-        return f" (its newest commit, version {own[0].version}, left positions at {json.dumps(_left_at(own[0]), sort_keys=True)})"
-    others = sorted({c.record.pipeline for c in commits})
-    return f" (recent oncemore commits here are by {', '.join(others)})" if others else ""
+def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iterable[str]) -> None:
+    """For a table that holds data or commits but no position of the pipeline's ``topics``: passes
+    when the pipeline's newest commit was on other topics only (deleted since, or no longer matching
+    its pattern: the topics it reads now are new to it, and start at ``starting_offsets``); else
+    PositionsMissing, naming why: the table is another pipeline's, another tool's, or the positions
+    of a topic it still reads expired."""
+    where = f"pipeline {pipeline.name}: table {pipeline.sink.table_uri} (version {table.version()})"
+    own = ledger.newest_batch(table)
+    if own is None:
+        others = sorted({e.record.pipeline for e in ledger.recent_commits(RECENT_HISTORY, table)})
+        if others:
+            raise PositionsMissing(
+                f"{where} belongs to pipeline {', '.join(others)}: its oncemore commits are by {', '.join(others)}, "
+                f"none by {pipeline.name}. A table belongs to one pipeline: point {pipeline.name}'s sink.table_uri at "
+                "a table of its own.",
+                pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, owners=others, version=table.version())
+        raise PositionsMissing(
+            f"{where} holds data that no oncemore pipeline committed (another tool wrote it): point "
+            f"{pipeline.name}'s sink.table_uri at a table of its own, or start on this one deliberately with "
+            f"`oncemore reset {pipeline.name} --to earliest|latest|TIMESTAMP|'{{\"TOPIC\": {{\"0\": OFFSET}}}}'`.",
+            pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version())
+    stated = ledger.stated_positions(own.version)
+    if not ({p.topic for p in stated} | set(own.record.topics)) & set(topics):
+        return  # its newest commit was on topics it no longer reads: the ones it reads now are new to it
+    left = json.dumps(_left_at(own, stated), sort_keys=True)
+    raise PositionsMissing(
+        f"{where} holds no position of pipeline {pipeline.name} for its {pipeline.source.describe_subscription()}: "
+        f"its newest commit, version {own.version}, left positions at {left}, and the table's snapshot no longer "
+        "holds them: they expired (delta.setTransactionRetentionDuration). oncemore does not ingest from "
+        f"starting_offsets over them. Continue from them deliberately: `oncemore reset {pipeline.name} --to "
+        f"'{left}'` (or earliest, latest, a timestamp).",
+        pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version(),
+        newest_commit=own.version)
 
 
-def _left_at(entry: CommitEntry) -> dict:
+def _left_at(entry: CommitEntry, stated: Mapping[KafkaPartition, int]) -> dict:
+    """Where a commit left the pipeline's partitions: the positions it stated, else (formats before
+    every commit stated them all) its reset's or its ranges' ends."""
+    if stated:
+        return nested(stated)
     record = entry.record
     if record.reset is not None:
         return dict(record.reset.to_positions)

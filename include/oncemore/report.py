@@ -4,6 +4,7 @@ really is in the table."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Sequence
 
@@ -72,7 +73,21 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
     return {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
-            "partitions": rows}
+            "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics))}
+
+
+def _gone(pipeline: Pipeline, admin, main: Ledger, table, recent: Sequence[CommitEntry],
+          topics: set[str]) -> dict[str, dict[str, Any]]:
+    """Topics the pipeline's recent batches read that it reads no longer: deleted from the cluster,
+    or no longer matching its pattern (a rotated topic), with the positions the table keeps for them."""
+    partitions = sorted({p for e in recent for p in e.record.partition_ranges() if p.topic not in topics})
+    if not partitions:
+        return {}
+    existing = kafka.cluster_metadata(admin, pipeline).topics
+    held = main.positions(partitions, table)
+    return {topic: {"why": "no longer subscribed" if topic in existing else "deleted",
+                    "positions": {str(p.partition): held[p] for p in partitions if p.topic == topic}}
+            for topic in sorted({p.topic for p in partitions})}
 
 
 def check_freshness(pipeline: Pipeline, partitions: Sequence[dict[str, Any]]) -> None:
@@ -102,6 +117,9 @@ def format_status(data: dict[str, Any]) -> str:
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:
         lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))
+    for topic, gone in data["gone"].items():
+        lines.append(f"topic {topic} is gone ({gone['why']}): nothing more is read from it; positions kept at "
+                     f"{json.dumps(gone['positions'])}")
     return "\n".join(lines)
 
 
