@@ -163,6 +163,26 @@ def test_a_partition_date_past_year_9999_is_quarantined_with_the_reason(broker, 
     assert len(errors) == 7 and "column 'day' partitions the table and holds a date outside years 1-9999" in errors[0][0]
 
 
+@pytest.mark.parametrize("stamp", ["dropped", "retyped"])
+def test_a_transform_without_a_kafka_timestamp_still_quarantines_and_never_sticks(broker, topic, make_pipeline, spark,
+                                                                                   stamp):
+    # Each rerun used to fail at the first row for the quarantine (KeyError, ArrowInvalid): stuck for good.
+    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30)))
+    kept = {"dropped": "", "retyped": ", CAST(_kafka_timestamp AS STRING) AS _kafka_timestamp"}[stamp]
+    pipeline = make_pipeline(topic, transform=f"SELECT _kafka_topic, _kafka_partition, _kafka_offset, id, amount{kept}, "
+                                              "CASE WHEN id % 10 = 3 THEN '' ELSE 'shop' END AS shop FROM records",
+                             expectations=[{"name": "small", "check": "amount < 30"}], sink={"partition_by": ["shop"]})
+
+    runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert_exactly_once(accounted(pipeline), produced)
+    errors = query(pipeline.sink.quarantine_uri, "SELECT error, _kafka_timestamp, value FROM {table}")
+    empty = [e for e in errors if "Delta reads an empty partition value as NULL" in e[0]]
+    assert len(empty) == 3 and len(errors) == 3 + sum(1 for i in range(30) if i * 1.25 >= 30 and i % 10 != 3)
+    assert {e[1] for e in errors} == {None} and all(json.loads(e[2])["id"] is not None for e in errors)
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "no-op"
+
+
 def test_a_failing_cast_under_ansi_fails_the_run_naming_the_ranges_and_the_error(broker, topic, make_pipeline, spark):
     broker.produce(topic, orders(0, 30) + [(1, None, json.dumps({"id": 99, "customer": "x", "amount": 1.0}).encode(), None)])
     pipeline = make_pipeline(topic, transform="SELECT *, CAST(customer AS INT) AS n FROM records WHERE id = 99")

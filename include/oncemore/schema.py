@@ -39,7 +39,7 @@ METADATA_FIELDS = [
     pa.field("_kafka_offset", pa.int64(), nullable=False),
     pa.field("_kafka_timestamp", TIMESTAMP),
 ]
-TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN = "_kafka_topic", "_kafka_partition", "_kafka_offset"
+TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN = (f.name for f in METADATA_FIELDS)
 
 QUARANTINE_SCHEMA = pa.schema(
     [pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("error", pa.string(), nullable=False)]

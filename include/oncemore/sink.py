@@ -31,7 +31,10 @@ from .coordinates import KafkaPartition
 from .errors import OncemoreError, error_to_json
 from .partcommit import Part, Written, commit_part
 from .profile import Stopwatch
-from .schema import METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TOPIC_COLUMN, schema_from_text
+from .schema import (
+    METADATA_FIELDS, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, TIMESTAMP, TIMESTAMP_COLUMN, TOPIC_COLUMN,
+    schema_from_text,
+)
 from .staging import Staging
 from .tasks import RangeResult
 from .transform import VERDICT_PREFIX
@@ -132,12 +135,19 @@ class DeltaSinkWriter(DataSourceArrowWriter):
     def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
         """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
         bytes are no longer at hand), its coordinates, and the reason; rows under the quarantine
-        table's own position are already there (a crash between a batch's two commits)."""
+        table's own position are already there (a crash between a batch's two commits). The
+        transform keeps the coordinates as read (transform.py), but may drop or retype the Kafka
+        timestamp: then it is NULL here, never a reason to fail (every rerun would fail alike)."""
+        metadata = [f.name for f in METADATA_FIELDS]
         values = [json.dumps(row, default=str).encode()
-                  for row in _python_rows(bad.drop_columns([f.name for f in METADATA_FIELDS]))]
+                  for row in _python_rows(bad.drop_columns([c for c in metadata if c in bad.column_names]))]
+        stamp = bad.column(TIMESTAMP_COLUMN) if TIMESTAMP_COLUMN in bad.column_names else None
+        if stamp is None or not (pa.types.is_timestamp(stamp.type) and stamp.type.tz is not None):
+            stamp = pa.nulls(bad.num_rows, TIMESTAMP)
         table = pa.Table.from_arrays(
-            [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string())]
-            + [bad.column(f.name) for f in METADATA_FIELDS], schema=QUARANTINE_SCHEMA)
+            [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string()),
+             bad.column(TOPIC_COLUMN), bad.column(PARTITION_COLUMN), bad.column(OFFSET_COLUMN),
+             stamp.cast(TIMESTAMP)], schema=QUARANTINE_SCHEMA)
         floors = pa.array([self.floors.get(f"{t}/{p}", 0) for t, p in zip(table.column(TOPIC_COLUMN).to_pylist(),
                                                                           table.column(PARTITION_COLUMN).to_pylist())],
                           pa.int64())
