@@ -15,3 +15,15 @@ def twice_through_an_rdd(records: DataFrame) -> DataFrame:
 
 def nothing(records: DataFrame) -> DataFrame:
     return records.where(F.lit(False))
+
+
+def fails_each_tasks_first_attempt(records: DataFrame) -> DataFrame:
+    """A Python UDF that fails the first attempt of every task it runs in (the retry succeeds)."""
+    from pyspark import TaskContext
+
+    def first_attempt_fails(customer):
+        if TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("this task's first attempt fails")
+        return customer
+
+    return records.withColumn("customer", F.udf(first_attempt_fails, "string")("customer"))

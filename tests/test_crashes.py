@@ -30,6 +30,8 @@ RUN_STEPS = [
     ("quarantine_committed", "fused", (0, 1)),
     ("main_committed", "fused", (1, 1)),
     ("mirrored", "fused", (1, 1)),
+    ("written", "shaped", (0, 0)),
+    ("validated", "shaped", (0, 0)),
     ("quarantine_committed", "shaped", (0, 1)),
     ("main_committed", "shaped", (1, 1)),
 ]

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import subprocess
+import sys
 from decimal import Decimal
 
 import pyarrow as pa
@@ -18,7 +21,7 @@ from oncemore.errors import TaskFailed
 from oncemore.evolution import SchemaChangeRefused
 from oncemore.transform import TransformRefused
 
-from conftest import (assert_exactly_once, held_positions, order, orders, produced_coordinates, query,
+from conftest import (ROOT, assert_exactly_once, held_positions, order, orders, produced_coordinates, query,
                       read_coordinates, run_with_fault)
 
 pytestmark = pytest.mark.spark
@@ -189,6 +192,25 @@ def test_a_failing_cast_under_ansi_fails_the_run_naming_the_ranges_and_the_error
     with pytest.raises(TaskFailed, match=rf"pipeline orders: the Spark task reading .*{topic}/1 \[0, 11\).*failed: .*CAST_INVALID_INPUT"):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert read_coordinates(pipeline.sink.table_uri) == []
+
+
+def test_retried_task_attempts_on_the_transform_path_commit_each_record_once(broker, topic, make_pipeline):
+    # local[2] allows no retry: local[2, 3] retries a failed task up to 3 times, as a cluster does.
+    records = orders(0, 3_000) + [(1, None, b"{broken", None)]
+    produced = produced_coordinates(topic, broker.produce(topic, records))
+    pipeline = make_pipeline(topic, transform={"python": "shaping_transforms:fails_each_tasks_first_attempt"},
+                             expectations=[{"name": "small", "check": "amount < 3000"}],
+                             limits={"max_records_per_commit": 1_200, "max_records_per_partition": 150})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT / "tests")]),
+           "ONCEMORE_SPARK_MASTER": "local[2,3]"}
+
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin, "--verbose"],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this task's first attempt fails" in done.stderr  # every task failed once
+    assert_exactly_once(accounted(pipeline), produced)
+    assert len(read_coordinates(pipeline.sink.quarantine_uri)) == 1 + sum(1 for i in range(3_000) if i * 1.25 >= 3000)
 
 
 def test_a_commit_whose_process_dies_after_landing_keeps_its_files_and_the_rerun_finds_it(broker, topic, make_pipeline):

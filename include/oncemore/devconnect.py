@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import faults
 from .devbroker import free_port, wait_listening
 from .devprocess import stop_process
 from .redaction import SPARK_CONF_REGEX
@@ -26,8 +27,11 @@ WORKER_DAEMON = "oncemore.workerdaemon"
 
 
 class ConnectServer:
-    def __init__(self, port: int, master: str, log_dir: str):
+    def __init__(self, port: int, master: str, log_dir: str, fault_steps: str | None = None):
         self.port, self.master, self.log_dir = port, master, log_dir
+        # Steps (faults.py) at which the whole server dies, its JVM and Python workers: a test's
+        # server that crashes in the middle of a run's commit. Set to None before a restart.
+        self.fault_steps = fault_steps
         self.process: subprocess.Popen | None = None
 
     @property
@@ -59,9 +63,15 @@ class ConnectServer:
                    "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir={self.event_dir}",
                    "--conf", "spark.eventLog.compress=false",
                    "spark-internal"]
+        if self.fault_steps:
+            # The server leads a process group of its own, which faults.reach kills: the group's
+            # id is the server's pid, known to a shell that then becomes the server.
+            env[faults.FAULTS_ENV] = self.fault_steps
+            command = ["/bin/sh", "-c", f'{faults.GROUP_ENV}=$$; export {faults.GROUP_ENV}; exec "$0" "$@"', *command]
         self.event_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=bool(self.fault_steps))
         wait_listening(self.process, self.port, f"Spark Connect server (log: {self.log_path})", seconds)
         return self
 
@@ -76,9 +86,10 @@ class ConnectServer:
             stop_process(self.process, grace_seconds=20)
 
 
-def start_connect_server(master: str = "local[2]", port: int | None = None,
-                         log_dir: str | None = None) -> ConnectServer:
-    """A Connect server on 127.0.0.1 (a free port unless ``port``), accepting sessions on return."""
+def start_connect_server(master: str = "local[2]", port: int | None = None, log_dir: str | None = None,
+                         fault_steps: str | None = None) -> ConnectServer:
+    """A Connect server on 127.0.0.1 (a free port unless ``port``), accepting sessions on return;
+    ``fault_steps``: steps at which it dies whole (ConnectServer.fault_steps)."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-connect-")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    return ConnectServer(port or free_port(), master, log_dir).start()
+    return ConnectServer(port or free_port(), master, log_dir, fault_steps).start()
