@@ -69,7 +69,8 @@ def test_raw_keeps_bytes_and_quarantines_only_what_no_timestamp_holds():
 
 
 NOT_OBJECTS = {b"null": "JSON null", b" null ": "JSON null", b"[1]": "a JSON array", b'"text"': "a JSON string",
-               b"42": "a JSON number", b"-1": "a JSON number", b"true": "a JSON boolean", b"\xef\xbb\xbf{}": "not JSON",
+               b"42": "a JSON number", b"-1": "a JSON number", b"true": "a JSON boolean", b"\xef\xbb\xbf{}": "not valid JSON",
+               b"nullx": "not valid JSON",
                b"\t\n": "empty"}
 
 

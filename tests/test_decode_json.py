@@ -229,7 +229,16 @@ def test_not_null_at_every_depth_only_where_the_parent_is_present():
 NOT_OBJECTS = {b"null": "value is JSON null, not a JSON object", b" null ": "value is JSON null, not a JSON object",
                b"[1]": "value is a JSON array, not a JSON object", b'"text"': "value is a JSON string, not a JSON object",
                b"42": "value is a JSON number, not a JSON object", b"-1": "value is a JSON number, not a JSON object",
-               b"true": "value is a JSON boolean, not a JSON object", b"\xef\xbb\xbf{}": "value is not JSON, not a JSON object",
+               b"true": "value is a JSON boolean, not a JSON object",
+               b"\xef\xbb\xbf{}": "value is not valid JSON, not a JSON object",
+               # Not JSON at all, whatever the first byte suggests.
+               b"nope": "value is not valid JSON, not a JSON object", b"nullx": "value is not valid JSON, not a JSON object",
+               b"trueish": "value is not valid JSON, not a JSON object", b"NaN": "value is not valid JSON, not a JSON object",
+               b"not json": "value is not valid JSON, not a JSON object",
+               # Avro (schema ID 7) read as JSON: named for what it is.
+               b"\x00\x00\x00\x00\x07\x02\xfe": "value is not valid UTF-8 (byte 6), so not JSON; it starts as Confluent's "
+                                               "wire format does (magic byte 0, schema ID 7): Avro or Protobuf needs format "
+                                               "type avro or protobuf, JSON Schema confluent_framing: true",
                b"": "value is empty, not a JSON object", b"\t\n": "value is empty, not a JSON object",
                b"\xff{}": "value is not valid UTF-8 (byte 0), so not JSON",
                b'{"id": 1} x': "value does not end with the '}' closing a JSON object (truncated, or text after it)",

@@ -55,8 +55,8 @@ from .ddl import check_json_types, field_path, to_ddl, types_within
 from .formats import DecodedValues
 from .json_types import convert, parse_type
 
-_JSON_KINDS = {b"n": "JSON null", b"[": "a JSON array", b'"': "a JSON string", b"t": "a JSON boolean",
-               b"f": "a JSON boolean"}
+_JSON_KINDS = {type(None): "JSON null", list: "a JSON array", str: "a JSON string", bool: "a JSON boolean",
+               int: "a JSON number", float: "a JSON number"}
 _CHANGED = re.compile(r"Column\((.*)\) changed from \S+ to (\S+) in row")
 _TWICE = re.compile(r"Column\((.*)\) was specified twice")
 # Arrow's messages for a JSON number a column cannot take name the column's type, not its path.
@@ -260,18 +260,41 @@ def not_json_objects(values: pa.BinaryArray) -> dict[int, str]:
             try:
                 value is None or value.decode("utf-8")
             except UnicodeDecodeError as exc:
-                problems[i] = f"value is not valid UTF-8 (byte {exc.start}), so not JSON"
+                problems[i] = f"value is not valid UTF-8 (byte {exc.start}), so not JSON{_framed(value)}"
     # Almost every value starts with '{' and ends with '}': only the others are looked at one by one.
     braced = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))
     for i in pc.indices_nonzero(pc.invert(braced)).to_pylist():
-        text = values[i].as_py().strip(b" \t\r\n")
+        value = values[i].as_py()
+        text = value.strip(b" \t\r\n")
         if not text.startswith(b"{"):
-            number = "a JSON number" if text[:1] in b"-0123456789" else "not JSON"
-            kind = _JSON_KINDS.get(text[:1], number) if text else "empty"
-            problems.setdefault(i, f"value is {kind}, not a JSON object")
+            problems.setdefault(i, f"value is {_kind(text)}, not a JSON object{_framed(value)}")
         elif not text.endswith(b"}"):
             problems.setdefault(i, "value does not end with the '}' closing a JSON object (truncated, or text after it)")
     return problems
+
+
+def _kind(text: bytes) -> str:
+    """What a value that is not one JSON object is: another JSON value, or not JSON at all."""
+    if not text:
+        return "empty"
+    try:
+        parsed = json.loads(text.decode("utf-8"), parse_constant=_not_json)  # bytes: json would take a BOM
+    except ValueError:
+        return "not valid JSON"
+    return _JSON_KINDS[type(parsed)]
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")  # Python's json takes NaN and Infinity; RFC 8259 does not
+
+
+def _framed(value: bytes) -> str:
+    """A hint for a value that starts as Confluent's serializers frame one (magic byte 0, a 4-byte
+    schema ID): the pipeline reads Avro, Protobuf or JSON Schema output as plain JSON."""
+    if len(value) < 5 or value[0] != 0:
+        return ""
+    return (f"; it starts as Confluent's wire format does (magic byte 0, schema ID {int.from_bytes(value[1:5], 'big')}):"
+            " Avro or Protobuf needs format type avro or protobuf, JSON Schema confluent_framing: true")
 
 
 def _refuse(rows: np.ndarray, refused: dict[int, str], errors: dict[int, str]) -> np.ndarray:
