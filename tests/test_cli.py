@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,37 @@ def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_p
     rows = json.loads(status.stdout)["partitions"]
     assert [r["lag"] for r in rows] == [0, 0, 0]
     assert all(r["position"] == r["log_end"] and r["last_commit"] for r in rows)
+    # A reader that stops reading (`| head`, here `| true`, gone before the first line) is no error to report.
+    piped = subprocess.run(f"{sys.executable} -m oncemore.cli status --config {pipeline.origin} --json | true",
+                           shell=True, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": INCLUDE})
+    assert piped.stderr == ""
+
+
+@pytest.mark.spark
+def test_ctrl_c_mid_run_says_in_one_line_what_was_committed_and_the_rerun_is_exact(broker, topic, make_pipeline):
+    from oncemore.ledger import Ledger
+
+    produced = broker.produce(topic, orders(0, 60_000))
+    pipeline = make_pipeline(topic, limits={"max_records_per_commit": 2_000})  # 30 batches
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
+    run = subprocess.Popen([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                           env={**os.environ, "PYTHONPATH": INCLUDE, "ONCEMORE_SPARK_MASTER": "local[2]"},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while len(ledger.recent_batches()) < 2 and run.poll() is None:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
+    out, err = run.communicate(timeout=120)
+
+    assert run.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Py4J" not in err, err[-3000:]
+    committed = [e for e in ledger.recent_batches(100) if e.record.pipeline == "orders"]
+    ids = {e.record.run_id for e in committed}
+    assert len(ids) == 1 and 2 <= len(committed) < 30
+    assert err.splitlines()[-1] == (
+        f"oncemore: interrupted: pipeline orders: run {ids.pop()} had committed {len(committed)} batch(es), table "
+        f"version {max(e.version for e in committed)}; a rerun carries on from the table's positions")
+    assert oncemore("run", "--config", pipeline.origin).returncode == 0
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
 def test_plan_prints_ranges(broker, topic, make_pipeline):
@@ -133,10 +166,13 @@ def test_check_says_what_works_and_what_not_one_line_each_and_writes_nothing(bro
     lines = one.stdout.splitlines()
     assert [line.split(":")[0:2] for line in lines] == [
         ["ok     good", " config"], ["ok     good", " kafka"], ["ok     good", f" topic {topic}"],
-        ["ok     good", " table"], ["ok     good", " quarantine table"], ["ok     good", " airflow"]], lines
+        ["ok     good", " positions"], ["ok     good", " records"], ["ok     good", " table"],
+        ["ok     good", " quarantine table"], ["ok     good", " airflow"]], lines
     assert f"topic {topic}: 3 partitions, topic ID " in lines[2]
-    assert "no table yet" in lines[3] and "the first run creates it" in lines[3]
-    assert lines[5] == "ok     good: airflow: no airflow block: no DAG (CLI only)"
+    assert lines[3] == "ok     good: positions: none yet: the first run starts at earliest"
+    assert lines[4] == "ok     good: records: 7 columns decoded"
+    assert "no table yet" in lines[5] and "the first run creates it" in lines[5]
+    assert lines[7] == "ok     good: airflow: no airflow block: no DAG (CLI only)"
 
     every = oncemore("check", env=env, check_no_spark=True)
     assert every.returncode == 1
@@ -152,6 +188,59 @@ def test_check_says_what_works_and_what_not_one_line_each_and_writes_nothing(bro
     # Nothing written: no table, no directory, no topic (a named Metadata request can auto-create one).
     assert not (tmp_path / "delta").exists()
     assert set(AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics) == topics_before
+
+
+@pytest.mark.spark
+def test_check_finds_what_the_run_would_fail_on(broker, topic, make_pipeline, registry, tmp_path):
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from deltalake import DeltaTable
+
+    broker.produce(topic, orders(0, 30))
+    owner = make_pipeline(topic, name="owner")
+    env = {"ONCEMORE_PIPELINES_DIR": str(Path(owner.origin).parent)}
+    assert oncemore("run", "owner", env=env).returncode == 0
+    # A transform, an expectation, a partition column naming columns the records do not have.
+    make_pipeline(topic, name="unresolved", transform="SELECT *, upper(cutsomer) AS shop FROM records")
+    make_pipeline(topic, name="expecting", expectations=[{"name": "positive", "check": "amuont > 0"}])
+    make_pipeline(topic, name="partitioned", transform="SELECT *, upper(customer) AS shops FROM records",
+                  sink={"partition_by": ["shop"]})
+    # The registry's latest schema changes a column's type in the table the pipeline writes.
+    registered = make_pipeline(topic, name="registered", format={"type": "avro", "schema_registry": registry.settings()})
+    SchemaRegistryClient(registry.settings()).register_schema(f"{topic}-value", Schema(json.dumps(
+        {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]}), "AVRO"))
+    DeltaTable.create(registered.sink.table_uri, schema=__import__("pyarrow").schema([("id", "int64")]))
+    # A file outside the pipelines directory pointing at a directory pipeline's table.
+    (tmp_path / "elsewhere").mkdir()
+    stray = tmp_path / "elsewhere" / "stray.yaml"
+    stray.write_text(yaml.safe_dump({**yaml.safe_load(Path(owner.origin).read_text()), "name": "stray"}))
+    # A pipeline configured elsewhere, on another topic, into the owner's table.
+    broker.create_topic(f"{topic}_b", 3)
+    config = yaml.safe_load(Path(owner.origin).read_text())
+    intruder = tmp_path / "elsewhere" / "intruder.yaml"
+    intruder.write_text(yaml.safe_dump({**config, "name": "intruder", "source": {**config["source"], "topic": f"{topic}_b"},
+                                        "sink": {**config["sink"], "quarantine_uri": str(tmp_path / "intruder_q")}}))
+
+    done = oncemore("check", "unresolved", "expecting", "partitioned", "registered", str(stray), env=env)
+    elsewhere = oncemore("check", str(intruder), env={"ONCEMORE_PIPELINES_DIR": str(tmp_path / "elsewhere")})
+
+    assert done.returncode == 1
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    assert any(line.startswith("FAILED unresolved: records: pipeline unresolved: transform: ")
+               and "UNRESOLVED_COLUMN" in line and "cutsomer" in line for line in failed), failed
+    assert any(line.startswith("FAILED expecting: records: pipeline expecting: expectation positive: ")
+               and "amuont" in line for line in failed), failed
+    assert "FAILED partitioned: records: pipeline partitioned: sink.partition_by: 'shop' is not a column of the " \
+           "table (id, customer, amount, _kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp, " \
+           "shops)" in failed
+    assert any(line.startswith("FAILED registered: records: pipeline registered: table ") and
+               "column id: the table has bigint, the records have string" in line for line in failed), failed
+    assert f"FAILED {stray}: config: sink.table_uri: is also the table of pipeline owner ({owner.origin}, " \
+           "sink.table_uri); a table belongs to one pipeline" in failed
+    assert len(failed) == 5, failed
+    assert "Traceback" not in done.stderr and "SQLQueryContextLogger" not in done.stderr + done.stdout
+    assert elsewhere.returncode == 1 and f"FAILED intruder: positions: pipeline intruder: table {owner.sink.table_uri} " \
+        "(version 1) belongs to pipeline owner: its oncemore commits are by owner, none by intruder. A table belongs " \
+        "to one pipeline: point intruder's sink.table_uri at a table of its own." in elsewhere.stdout.splitlines()
 
 
 def test_the_readme_lists_every_command_and_option_the_cli_has():

@@ -9,15 +9,18 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 from . import __version__, faults
 from .config import (
-    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_named, load_pipeline,
+    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_named, load_pipeline, shared_tables,
     with_kafka_overrides,
 )
 from .coordinates import nested
@@ -27,7 +30,9 @@ from .planner import Plan, describe, plan_run
 from .profile import as_table
 from .report import format_status, status
 
-EXIT_FAILURE, EXIT_USAGE = 1, 2
+EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130  # 130: a shell's code for a command ended by Ctrl-C
+# Commits read back to count what an interrupted run had committed.
+RECENT_RUN_COMMITS = 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(CLIENT_LOG.name).setLevel(logging.CRITICAL)
     try:
         pipeline = _pipeline(args) if "pipeline" in args else None
-        return args.handler(pipeline, args)
+        code = args.handler(pipeline, args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # our reader went away (`status --json | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's flush at exit fails again
+        return EXIT_FAILURE
+    except KeyboardInterrupt:  # `run` says what it had committed; a command that writes nothing has no more to say
+        print("oncemore: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConfigError, ValueError) as exc:
         print(f"oncemore: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -110,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                                                "failure; nothing is written)")
     check.add_argument("targets", nargs="*", metavar="PIPELINE | FILE",
                        help="pipeline names or YAML files (default: every file of the pipelines directory)")
+    _spark_options(check)  # Spark analyses a transform: started only for a pipeline that has one
     check.set_defaults(handler=_check)
     listing = commands.add_parser("list", help="the pipelines of the pipelines directory, and the files that do not "
                                                "load (exit 1 if any)")
@@ -156,14 +170,14 @@ def _until(text: str) -> OffsetBound:
 
 
 @contextmanager
-def _spark_for(pipeline: Pipeline, args) -> Iterator[Callable]:
-    """A factory of the command's Spark session (``--master``/``--remote``), started only when
-    called; stopped (a Connect one kept for the next run) at the end. Spark's own output (JVM
-    start-up warnings, its console log, Python warnings of its libraries) goes to a file unless
-    --verbose, named if the command fails: the terminal shows oncemore's lines."""
-    spark_log = None if args.verbose else Path(tempfile.gettempdir(), "oncemore-logs", f"{pipeline.name}-{os.getpid()}.log")
+def _spark_for(name: str, args) -> Iterator[Callable]:
+    """A factory of the command's Spark session (``--master``/``--remote``), started at its first
+    call, the same session after; stopped (a Connect one kept for the next run) at the end. Spark's
+    own output (JVM start-up warnings, its console log, PySpark's JSON error logs, Python warnings
+    of its libraries) goes to a file named after ``name`` unless --verbose, named if the command
+    fails: the terminal shows oncemore's lines. Files older than LOG_DAYS are removed."""
+    spark_log = None if args.verbose else _log_file(name)
     if spark_log is not None:
-        spark_log.parent.mkdir(parents=True, exist_ok=True)
         warnings_log = logging.getLogger("py.warnings")
         warnings_log.addHandler(logging.FileHandler(spark_log, delay=True))  # no file for a run without warnings
         warnings_log.propagate = False
@@ -175,13 +189,24 @@ def _spark_for(pipeline: Pipeline, args) -> Iterator[Callable]:
     sessions = []
 
     def spark():
-        from .spark import spark_session
+        if not sessions:
+            from .spark import log_to, spark_session
 
-        sessions.append(spark_session(args.master, args.remote, output=spark_log))
-        return sessions[-1]
+            sessions.append(spark_session(args.master, args.remote, output=spark_log))
+            if spark_log is not None:
+                log_to(spark_log)
+            if threading.current_thread() is threading.main_thread():
+                # PySpark's own handler asks the JVM to cancel its jobs; a Ctrl-C has stopped the JVM
+                # too (one process group), and that call's errors would replace the interrupt.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+        return sessions[0]
 
+    interrupted = False
     try:
         yield spark
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     except Exception:
         if spark_log is not None and spark_log.exists():
             print(f"oncemore: Spark's output is in {spark_log}", file=sys.stderr)
@@ -190,26 +215,65 @@ def _spark_for(pipeline: Pipeline, args) -> Iterator[Callable]:
         if sessions:
             from .spark import stop_session
 
-            for session in sessions:  # a Connect server keeps the session for this host's next run
-                stop_session(session)
+            try:
+                stop_session(sessions[0])  # a Connect server keeps the session for this host's next run
+            except Exception:
+                if not interrupted:
+                    raise
+
+
+# Days a command's Spark output is kept in $TMPDIR/oncemore-logs.
+LOG_DAYS = 7
+
+
+def _log_file(name: str) -> Path:
+    """This command's file for Spark's output; the directory's files older than LOG_DAYS go."""
+    directory = Path(tempfile.gettempdir(), "oncemore-logs")
+    directory.mkdir(parents=True, exist_ok=True)
+    cutoff = time.time() - LOG_DAYS * 86400
+    for old in directory.glob("*.log"):
+        try:
+            if old.stat().st_mtime < cutoff:
+                old.unlink()
+        except OSError:  # another command removed it first
+            pass
+    return directory / f"{name}-{os.getpid()}.log"
 
 
 def _run(pipeline: Pipeline, args) -> int:
-    from .runner import run
+    from .runner import new_run_id, run
 
     plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
-    with _spark_for(pipeline, args) as spark:
-        report = run(pipeline, _until(args.until), run_id=args.run_id, plan=plan, spark_factory=spark)
+    run_id = args.run_id or new_run_id()
+    try:
+        with _spark_for(pipeline.name, args) as spark:
+            report = run(pipeline, _until(args.until), run_id=run_id, plan=plan, spark_factory=spark)
+    except KeyboardInterrupt:
+        print(f"oncemore: interrupted: {_committed_by(pipeline, run_id)}; a rerun carries on from the table's "
+              "positions", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(report.summary())
     if args.profile:
         print(as_table(report.profile, report.seconds))
     return 0
 
 
+def _committed_by(pipeline: Pipeline, run_id: str) -> str:
+    """What run ``run_id`` had committed, from the table (a batch's commit is whole or absent)."""
+    from .ledger import Ledger
+
+    commits = [e for e in Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options
+                                 ).recent_batches(RECENT_RUN_COMMITS) if e.record.run_id == run_id]
+    if not commits:
+        return f"pipeline {pipeline.name}: run {run_id} had committed nothing"
+    return (f"pipeline {pipeline.name}: run {run_id} had committed {len({e.record.batch_seq for e in commits})} "
+            f"batch(es), table version {max(e.version for e in commits)}")
+
+
 def _verify(pipeline: Pipeline, args) -> int:
     from .verify import record_result, verify
 
-    with _spark_for(pipeline, args) as spark:
+    with _spark_for(pipeline.name, args) as spark:
         report = verify(pipeline, spark, since=args.since)
     if args.record:
         record_result(pipeline, report)
@@ -266,6 +330,7 @@ def _check(_pipeline: None, args) -> int:
     from .preflight import Check, check_pipeline
 
     loaded, checks = [], []
+    directory, broken = load_all()
     if args.targets:
         for target in args.targets:
             try:
@@ -273,15 +338,22 @@ def _check(_pipeline: None, args) -> int:
                 loaded.append(load_pipeline(Path(target)) if is_file else load_named(target))
             except ConfigError as exc:
                 checks.append(Check(exc.source, "config", exc.summary))
+        # A file outside the directory may still name a table of a pipeline in it.
+        named = {Path(t.origin).resolve() for t in loaded}
+        others = [p for p in directory if Path(p.origin).resolve() not in named]
+        shared = shared_tables(loaded + others)
+        checks += [Check(p.origin, "config", shared[p.origin].summary) for p in loaded if p.origin in shared]
+        loaded = [p for p in loaded if p.origin not in shared]
     else:
-        loaded, broken = load_all()
+        loaded = directory
         checks += [Check(e.source, "config", e.summary) for e in broken.values()]
     for check in checks:
         print(check.line(), flush=True)
-    for pipeline in loaded:
-        for check in check_pipeline(pipeline):
-            checks.append(check)
-            print(check.line(), flush=True)
+    with _spark_for("check", args) as spark:
+        for pipeline in loaded:
+            for check in check_pipeline(pipeline, spark):
+                checks.append(check)
+                print(check.line(), flush=True)
     return 0 if all(c.ok for c in checks) else EXIT_FAILURE
 
 

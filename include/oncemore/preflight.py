@@ -1,23 +1,30 @@
 """``oncemore check``: a preflight for people adding pipelines. After a pipeline's config loads, it
-checks that the brokers answer, each topic exists (its partitions and topic ID), the schema
-registry has the subjects the formats read, and each table location holds a table oncemore can
-write, or is a place where the first run can create one. One ``Check`` per line.
+checks that the brokers answer, each topic exists (its partitions and topic ID), the table's
+positions may be continued (the same checks a run makes before it plans: whose table it is, the
+topics' identity, positions within the log), the schema registry has the subjects the formats
+read, what the records become (the table's schema from them and from the transform, as Spark's
+analysis says: columns a transform, an expectation or ``partition_by`` names that do not exist
+are named here, not by the run), and each table location holds a table oncemore can write and
+that takes that schema, or is a place where the first run can create one. One ``Check`` per line.
 
 Invariant: it writes nothing anywhere. Kafka is asked for the whole cluster's metadata (a named
-topic's Metadata request may auto-create it) and DescribeTopics, the registry for the subjects'
-latest schemas, storage for a table's log or the directory or bucket a table would go in: no
-table, directory, consumer group or topic is created. Whether an object store takes writes can
+topic's Metadata request may auto-create it), DescribeTopics and ListOffsets, the registry for the
+subjects' latest schemas, storage for a table's log or the directory or bucket a table would go
+in: no table, directory, consumer group or topic is created. Spark is started only for a pipeline
+with a transform or expectations, and reads no record. Whether an object store takes writes can
 only be learned by writing, so there the check says it was not tried.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from . import kafka
 from .config import Pipeline
+from .continuity import check_continuity
 from .errors import OncemoreError, root_cause
-from .ledger import open_table
+from .ledger import Ledger, open_table
 from .recordformat import resolve
 from .schema import QUARANTINE_SCHEMA
 from .storage import location_problem, table_location
@@ -38,10 +45,11 @@ class Check:
         return f"{'ok    ' if self.ok else 'FAILED'} {self.subject}: {self.what}: {self.detail if self.ok else self.problem}"
 
 
-def check_pipeline(pipeline: Pipeline) -> list[Check]:
+def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> list[Check]:
     """Every check of a loaded pipeline (module docstring), in order; a check that could not be
     asked because an earlier one failed is not listed. A check failing in a way nobody foresaw is
-    a failed check too, never the end of the others."""
+    a failed check too, never the end of the others. ``spark_factory()``: the session that
+    analyses a transform (called only for a pipeline that has one, or expectations)."""
     name = pipeline.name
     checks = [Check(name, "config", None, pipeline.origin)]
     topics = list(pipeline.source.topic_names or ())  # the configured ones (none for a pattern) until Kafka answers
@@ -63,8 +71,13 @@ def check_pipeline(pipeline: Pipeline) -> list[Check]:
                 count = sum(1 for p in source.partitions if p.topic == topic)
                 topic_id = source.identities[topic].topic_id or "none (a broker before Kafka 2.8)"
                 checks.append(Check(name, f"topic {topic}", None, f"{count} partitions, topic ID {topic_id}"))
-    checks += _registry(pipeline, topics)
-    checks += table_checks(pipeline)
+            checks.append(_positions(pipeline, admin, source))
+    registry = _registry(pipeline, topics)
+    checks += registry
+    tables = table_checks(pipeline)
+    if all(c.ok for c in registry + tables):
+        tables.insert(0, _records(pipeline, topics, spark_factory))
+    checks += tables
     airflow = pipeline.airflow
     checks.append(Check(name, "airflow", None, "no airflow block: no DAG (CLI only)" if airflow is None else
                         f"a DAG on {airflow.schedule} (UTC) from {airflow.start_date.isoformat()}"))
@@ -90,6 +103,57 @@ def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
         return [Check(pipeline.name, what, _cause(exc))]
     found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
     return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
+
+
+def _positions(pipeline: Pipeline, admin, source: kafka.SourceState) -> Check:
+    """The checks a run makes before it plans (continuity.py), on the table's positions now."""
+    what = "positions"
+    try:
+        ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
+        table = ledger.snapshot()
+        positions = ledger.positions(source.partitions, table)
+        check_continuity(pipeline, ledger, table, positions, source.identities,
+                         kafka.log_bounds(admin, pipeline, source.partitions))
+    except Exception as exc:  # PlanError: another pipeline's table, a recreated topic, expired positions, ...
+        return Check(pipeline.name, what, _cause(exc))
+    held = sum(v is not None for v in positions.values())
+    if not held:
+        return Check(pipeline.name, what, None, f"none yet: the first run starts at "
+                                                f"{pipeline.source.starting_offsets.describe()}")
+    return Check(pipeline.name, what, None, f"{held} of {len(positions)} partitions hold one, each continues "
+                                            "on its topic")
+
+
+def _records(pipeline: Pipeline, topics: list[str], spark_factory: Callable[[], object]) -> Check:
+    """What the records become: the table's schema (the transform's, as Spark analyses it), its
+    partition columns, and whether the existing table takes it (``sink.schema_evolution``)."""
+    from .recordformat import registries
+
+    what = "records"
+    try:
+        from .runner import table_schema  # no pyspark unless the pipeline shapes records in Spark
+
+        schema = table_schema(pipeline, resolve(pipeline, topics), registries(pipeline), spark_factory)
+        table = open_table(table_location(pipeline.sink.table_uri), pipeline.sink.storage_options)
+        added = _evolution(pipeline, table, schema) if table is not None else []
+    except Exception as exc:  # TransformRefused, SchemaChangeRefused, ...
+        return Check(pipeline.name, what, _cause(exc))
+    shaped = "after the transform" if pipeline.transform is not None else "decoded"
+    gains = f"; the table gains {', '.join(added)} at the next run" if added else ""
+    return Check(pipeline.name, what, None, f"{len(schema)} columns {shaped}{gains}")
+
+
+def _evolution(pipeline: Pipeline, table, schema) -> list[str]:
+    """The columns the table gains for ``schema``; SchemaChangeRefused when it cannot take it."""
+    import json
+
+    from pyspark.sql.types import StructType
+
+    from .evolution import evolve, spark_schema
+
+    where = f"pipeline {pipeline.name}: table {pipeline.sink.table_uri}"
+    current = StructType.fromJson(json.loads(table.schema().to_json()))
+    return evolve(current, spark_schema(schema), pipeline.sink.schema_evolution, where)[1]
 
 
 def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
@@ -151,21 +151,10 @@ class _Run:
     def _take(self, records: RecordSpec) -> None:
         """Decodes records by ``records`` from now on, the table made ready for what they become;
         raises (leaving the run's records and table schema as they were) when it cannot be."""
-        from .evolution import arrow_schema
-        from .source import RECORDS_NAME
         from .tables import ensure_tables
 
-        pipeline = self.pipeline
-        schema = records.schema(*self.registries)
-        if pipeline.shapes_in_spark:
-            probe = replace(self._spec({}, schema), records=records)
-            shaped = self._shape(self.spark.read.format(RECORDS_NAME).options(**_probe_options(probe)).load())
-            schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)
-        try:
-            check_partition_by(schema, pipeline.sink.partition_by)
-        except SchemaError as exc:
-            raise TransformRefused(f"{self.where}: sink.partition_by: {exc}") from None
-        self.table_schema = ensure_tables(pipeline, schema)
+        schema = table_schema(self.pipeline, records, self.registries, lambda: self.spark)
+        self.table_schema = ensure_tables(self.pipeline, schema)
         self.records = records
 
     def _shape(self, records):
@@ -174,9 +163,7 @@ class _Run:
         return shape(self.spark, records, self.pipeline)
 
     def _spec(self, floors: dict[KafkaPartition, int], table_schema) -> TaskSpec:
-        sink = self.pipeline.sink
-        return TaskSpec(self.records, table_schema, sink.table_uri, sink.quarantine_uri, sink.partition_by,
-                        by_text(floors), dict(sink.storage_options), *self.registries)
+        return task_spec(self.pipeline, self.records, table_schema, floors, self.registries)
 
     def holds(self, batch: Batch) -> bool:
         """The table already holds the whole batch (a retry or rerun of finished work)."""
@@ -285,12 +272,47 @@ class _Run:
                 self.bytes_per_offset[result.key] = result.bytes_read / (result.reached - result.start)
 
 
+def table_schema(pipeline: Pipeline, records: RecordSpec, registries, spark_factory: Callable[[], object]):
+    """The table's schema for records decoded by ``records``: theirs, or what the transform makes of
+    them, as Spark's analysis of it says before a record is read (the session from
+    ``spark_factory``, asked only for a pipeline that shapes records in Spark); its partition
+    columns checked. TransformRefused names what does not resolve or fit."""
+    schema = records.schema(*registries)
+    if pipeline.shapes_in_spark:
+        from .evolution import arrow_schema
+        from .source import RECORDS_NAME
+        from .transform import shape
+
+        spark = spark_factory()
+        probe = _probe_options(task_spec(pipeline, records, schema, {}, registries))
+        shaped = shape(spark, spark.read.format(RECORDS_NAME).options(**probe).load(), pipeline)
+        schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)
+    try:
+        check_partition_by(schema, pipeline.sink.partition_by)
+    except SchemaError as exc:
+        raise TransformRefused(f"pipeline {pipeline.name}: sink.partition_by: {exc}") from None
+    return schema
+
+
+def task_spec(pipeline: Pipeline, records: RecordSpec, table_schema, floors: dict[KafkaPartition, int],
+              registries) -> TaskSpec:
+    """What every task of the pipeline's records needs: how to decode them, where to write, the
+    quarantine table's ``floors``."""
+    sink = pipeline.sink
+    return TaskSpec(records, table_schema, sink.table_uri, sink.quarantine_uri, sink.partition_by, by_text(floors),
+                    dict(sink.storage_options), *registries)
+
+
 def _probe_options(spec: TaskSpec) -> dict[str, str]:
     """Options of a records DataFrame that reads nothing: what Spark's analysis of a transform needs."""
     options = {"tasks": "[]", "maxBytesPerTask": "1", "spec": spec.to_json(), "staging": "probe"}
     for prefix, settings in (("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
         options.update({f"{prefix}{k}": v for k, v in settings.items()})
     return options
+
+
+def new_run_id() -> str:
+    return f"oncemore-{uuid.uuid4().hex[:12]}"
 
 
 def check_plan(pipeline: Pipeline, plan: Plan) -> None:
@@ -332,7 +354,7 @@ def run(
     spark_factory: Callable[[], object] | None = None,
 ) -> RunReport:
     started = time.monotonic()
-    run_id = run_id or f"oncemore-{uuid.uuid4().hex[:12]}"
+    run_id = run_id or new_run_id()
     watch = Stopwatch()
     with watch.timing("plan"):
         if plan is None:

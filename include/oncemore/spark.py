@@ -5,6 +5,7 @@ Imported only once a run has work to do: a no-op run never starts a JVM.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -60,6 +61,37 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
         spark.sparkContext.addPyFile(package_zip())
     register_sources(spark)
     return spark
+
+
+def log_to(log: Path) -> None:
+    """The logs of Spark's Python side into ``log``, not the terminal: PySpark logs every error of a
+    query it raises as JSON with the JVM's stack (its query-context loggers), and py4j the
+    tracebacks of a gateway call that broke (a JVM stopped by Ctrl-C), before oncemore's own
+    one-line error."""
+    import py4j
+    from pyspark import SparkContext
+    from pyspark.logger import PySparkLogger
+
+    handler = logging.FileHandler(log, delay=True)
+    spark_side = logging.getLogger("oncemore.spark")
+    for logger in [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+                   ] + [logging.getLogger("py4j"), spark_side]:
+        logger.handlers = [handler]
+        logger.propagate = False
+    # py4j logs a broken call's traceback on the root logger (logging.exception): taken aside there.
+    py4j_code = os.path.dirname(py4j.__file__)
+
+    def aside(record: logging.LogRecord) -> bool:
+        if record.pathname.startswith(py4j_code):
+            handler.handle(record)
+            return False
+        return True
+
+    logging.getLogger().addFilter(aside)
+    # PySpark's accumulator server prints the traceback of a connection the JVM broke off itself.
+    server = getattr(SparkContext._active_spark_context, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda _request, address: spark_side.exception("accumulator update from %s", address)
 
 
 def driver_java_options() -> str | None:
