@@ -238,6 +238,14 @@ def test_check_finds_what_the_run_would_fail_on(broker, topic, make_pipeline, re
            "sink.table_uri); a table belongs to one pipeline" in failed
     assert len(failed) == 5, failed
     assert "Traceback" not in done.stderr and "SQLQueryContextLogger" not in done.stderr + done.stdout
+    # The run fails on the same transform with one line (PySpark's JSON log of the error went to the Spark log).
+    failed_run = oncemore("run", "unresolved", env=env)
+    assert failed_run.returncode == 1
+    said = [line for line in failed_run.stderr.splitlines() if line.startswith("oncemore:")]
+    assert said[0].startswith("oncemore: Spark's output is in ") and len(said) == 2
+    assert said[1].startswith("oncemore: error: pipeline unresolved: transform: ") and "cutsomer" in said[1]
+    assert failed_run.stderr.splitlines()[-1] == said[1]
+    assert "SQLQueryContextLogger" not in failed_run.stderr and "Traceback" not in failed_run.stderr
     assert elsewhere.returncode == 1 and f"FAILED intruder: positions: pipeline intruder: table {owner.sink.table_uri} " \
         "(version 1) belongs to pipeline owner: its oncemore commits are by owner, none by intruder. A table belongs " \
         "to one pipeline: point intruder's sink.table_uri at a table of its own." in elsewhere.stdout.splitlines()
