@@ -27,7 +27,7 @@ import bisect
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .commitrecord import CommitEntry
 from .config import Pipeline, format_timestamp_ms
@@ -148,7 +148,7 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
     if quarantine_table is not None:
         files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
     if files:
-        _audit_rows(spark_factory(), files, coverage, pieces, audited, options, report)
+        _audit_rows(spark_factory(), files, coverage, pieces, audited, pipeline, report)
     return report
 
 
@@ -257,14 +257,14 @@ def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str
 
 
 def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
-                storage_options, report: VerifyReport) -> None:
+                pipeline: Pipeline, report: VerifyReport) -> None:
     from pyspark.sql import functions as F
 
     from .tablescan import BEFORE, FOREIGN, NAME, OUTSIDE, PENDING
 
     tasks = _tasks(files, slots(spark))
     reader = spark.read.format(NAME).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())
-    for key, value in (storage_options or {}).items():
+    for key, value in (pipeline.sink.storage_options or {}).items():
         reader = reader.option(f"storage.{key}", value)
     rows = reader.load()
     per_offset = rows.groupBy("segment", "topic", "partition", "offset").agg(
@@ -298,11 +298,19 @@ def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], aud
                                                    f"committed {len(piece.versions)} time(s)"))
         report.counts["duplicate"] = sum(per_piece[s]["rows"] - per_piece[s]["offsets"] for s in doubled)
 
-    _check_counts(audited, pieces, per_piece, report)
+    def in_tables(segments: list[int]) -> set[int]:
+        """The offsets the tables hold in ``segments``."""
+        return {r["offset"] for r in per_offset.filter(F.col("segment").isin(segments)).select("offset").collect()}
+
+    _check_counts(audited, pieces, per_piece, report, lambda entry, mine: _missing(pipeline, entry, pieces, mine,
+                                                                                   in_tables))
 
 
-def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, report: VerifyReport) -> None:
-    """Per commit whose offsets no other commit covers: rows in each table as its record says."""
+def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, report: VerifyReport,
+                  missing: Callable[[CommitEntry, list[int]], dict[KafkaPartition, list[int] | None]]) -> None:
+    """Per commit whose offsets no other commit covers: rows in each table as its record says; where
+    not, the partition at fault (``missing``: per partition, its committed offsets Kafka holds and
+    neither table does; None where Kafka no longer holds the range)."""
     by_version: dict[int, list[int]] = {}
     for s, piece in pieces.items():
         for version in piece.versions:
@@ -314,16 +322,76 @@ def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_pie
         mine = by_version.get(entry.version, [])
         if any(len(pieces[s].versions) > 1 for s in mine):
             continue  # offsets ingested again after a rewinding reset: counted per offset above
-        main = sum(per_piece[s]["main"] for s in mine if s in per_piece)
-        quarantined = sum(per_piece[s]["rows"] - per_piece[s]["main"] for s in mine if s in per_piece)
+        rows = {p: [0, 0] for p in ranges}  # per partition: main, quarantine
+        for s in mine:
+            if s in per_piece:
+                rows[pieces[s].partition][0] += per_piece[s]["main"]
+                rows[pieces[s].partition][1] += per_piece[s]["rows"] - per_piece[s]["main"]
+        main, quarantined = sum(m for m, _ in rows.values()), sum(q for _, q in rows.values())
         report.offsets_without_row += sum(e - s for s, e in ranges.values()) - main - quarantined
-        for what, found, stated in (("main", main, record.records.get("written", 0)),
-                                    ("quarantine", quarantined, record.records.get("quarantined", 0))):
-            if found != stated:
-                p, (start, end) = min(ranges.items())
-                report.add(Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
-                                       f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) "
-                                       f"has {found} rows in the {what} table, its record says {stated}"))
+        wrong = [(what, found, stated) for what, found, stated in (
+            ("main", main, record.records.get("written", 0)),
+            ("quarantine", quarantined, record.records.get("quarantined", 0))) if found != stated]
+        if not wrong:
+            continue
+        lost = missing(entry, mine)
+        for what, found, stated in wrong:
+            report.add(_count_discrepancy(entry, what, found, stated, rows, lost))
+
+
+def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, rows, lost) -> Discrepancy:
+    """A commit's count that differs from its record, named by the partition at fault: the one with
+    offsets Kafka holds and neither table does; else (Kafka no longer holds them) every partition's
+    rows beside its range, for a reader to compare."""
+    record, ranges = entry.record, entry.record.partition_ranges()
+    said = (f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) has {found} rows in the {what} "
+            f"table, its record says {stated}")
+    at_fault = sorted(p for p, offsets in lost.items() if offsets)
+    if at_fault:
+        p = at_fault[0]
+        offsets = lost[p]
+        named = ", ".join(map(str, offsets[:EXAMPLES])) + (f" and {len(offsets) - EXAMPLES} more" if len(offsets) > EXAMPLES else "")
+        filtered = "; a transform may have filtered some of them" if record.records.get("filtered") else ""
+        detail = (f"{said}: offset(s) {named} of {p} are in Kafka and in neither table{filtered}"
+                  + (f" (also in {', '.join(map(str, at_fault[1:]))})" if len(at_fault) > 1 else ""))
+        return Discrepancy("count", p.topic, p.partition, *ranges[p], (entry.version,), detail)
+    gone = [p for p, offsets in lost.items() if offsets is None]
+    per_partition = ", ".join(f"{p} [{s}, {e}): {rows[p][0]} + {rows[p][1]} rows" for p, (s, e) in sorted(ranges.items()))
+    p, (start, end) = min(ranges.items())
+    why = "Kafka no longer holds the range" if gone else "every record Kafka holds is in a table"
+    return Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
+                       f"{said} ({why}; main + quarantine rows per partition: {per_partition})")
+
+
+def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, _Piece], mine: list[int],
+             in_tables: Callable[[list[int]], set[int]]) -> dict[KafkaPartition, list[int] | None]:
+    """Per partition of a commit, the offsets of its range that hold a record in Kafka (read as a
+    run reads them) and are in neither table; None where Kafka no longer holds the range or cannot
+    be read."""
+    from . import kafka
+
+    ranges = entry.record.partition_ranges()
+    try:  # asked first: reading a range Kafka no longer holds would wait out the stall timeout
+        log = kafka.log_bounds(kafka.admin_client(pipeline), pipeline, ranges)
+    except kafka.KafkaSourceError:  # the topic is gone, or Kafka cannot be reached
+        return {p: None for p in ranges}
+    config = kafka.consumer_config(pipeline)
+    found: dict[KafkaPartition, list[int] | None] = {}
+    for p, (start, end) in sorted(ranges.items()):
+        where = f"pipeline {pipeline.name}: verify: {p}"
+        if not log[p].earliest <= start <= end <= log[p].latest:
+            found[p] = None
+            continue
+        try:
+            with kafka.range_consumer(config) as consumer:
+                held = {m.offset() for batch in kafka.read_messages(consumer, p.topic, p.partition, start, end,
+                                                                    pipeline.source.stall_timeout_seconds, where)
+                        for m in batch}
+        except (kafka.KafkaReadError, kafka.KafkaSourceError):
+            found[p] = None
+            continue
+        found[p] = sorted(held - in_tables([s for s in mine if pieces[s].partition == p]))
+    return found
 
 
 def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict]]]:
