@@ -150,3 +150,28 @@ def test_json_maps_need_string_keys():
         check_json_types(parse_ddl("a STRUCT<b: ARRAY<MAP<INT, STRING>>>"))
     with pytest.raises(SchemaError, match=re.escape("column 'm{}'")):
         check_json_types(parse_ddl("m MAP<STRING, MAP<DATE, STRING>>"))
+
+
+def test_a_value_field_named_like_the_key_or_the_headers_column_is_refused():
+    # A registry schema's: a declared one is refused as the config loads. Either would make every
+    # write of the record fail (a table column twice).
+    from oncemore.schema import records_schema
+
+    value = pa.schema([("id", pa.int64()), ("Key", pa.string()), ("headers", pa.string())])
+    with pytest.raises(SchemaError, match=r"the value's field 'Key' and the record's key would be two columns of one name"):
+        records_schema("avro", value, pa.string(), headers=False)
+    with pytest.raises(SchemaError, match=r"the value's field 'headers' and the record's headers would be two columns"):
+        records_schema("avro", value.remove(1), None, headers=True)
+    assert records_schema("avro", value, None, headers=False).names[:3] == ["id", "Key", "headers"]
+
+
+def test_a_column_differing_from_the_tables_only_in_case_is_refused_not_added():
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from oncemore.evolution import SchemaChangeRefused, evolve
+
+    table = StructType([StructField("Amount", LongType()), StructField("c", StructType([StructField("Zip", LongType())]))])
+    for records, column in ((StructType([StructField("amount", LongType())]), "amount"),
+                            (StructType([StructField("c", StructType([StructField("zip", LongType())]))]), "c.zip")):
+        with pytest.raises(SchemaChangeRefused, match=rf"column {column} differs from the table's .* only in case"):
+            evolve(table, records, "add_columns", "pipeline p")

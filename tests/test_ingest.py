@@ -323,29 +323,38 @@ def test_raw_format_keeps_key_and_value_bytes(broker, topic, make_pipeline, spar
 
 
 def test_partition_by_writes_hive_directories_and_stats(broker, topic, make_pipeline, spark):
-    regions = ["eu", "us west", None, ""]
-    records = [(i % 3, None, json.dumps({"id": i, "region": regions[i % 4]}).encode(), None) for i in range(800)]
+    # The longest value a directory name holds (255 bytes with "region="), and two that pass it.
+    longest, accented, slashes = "a" * 248, "é" * 130, "/" * 86
+    regions = ["eu", "us west", None, "", longest, accented, slashes]
+    records = [(i % 3, None, json.dumps({"id": i, "region": regions[i % 7]}).encode(), None) for i in range(700)]
     produced = broker.produce(topic, records)
     pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, region STRING"},
                              sink={"partition_by": ["region"]})
     runner.run(pipeline, spark_factory=lambda: spark)
 
-    # An empty string would read back as NULL (Delta's partition values): quarantined, not changed.
+    # An empty string would read back as NULL (Delta's partition values), a value whose directory
+    # name a file system cannot hold would fail every write of it: quarantined, not changed.
     main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
     assert_exactly_once(main + quarantined, produced)
-    assert len(quarantined) == 200
-    assert query(pipeline.sink.quarantine_uri, "SELECT DISTINCT error FROM {table}") == [(
-        "column 'region' partitions the table and Delta reads an empty partition value as NULL: the row would "
-        "not read back as sent",)]
-    assert query(pipeline.sink.table_uri, "SELECT region, count(*) FROM {table} GROUP BY region ORDER BY ALL") == [("eu", 200), ("us west", 200), (None, 200)]
+    assert len(quarantined) == 300
+    assert query(pipeline.sink.quarantine_uri, "SELECT error, count(*) FROM {table} GROUP BY error ORDER BY ALL") == [
+        ("column 'region' partitions the table and Delta reads an empty partition value as NULL: the row would "
+         "not read back as sent", 100),
+        ("column 'region' partitions the table and this value makes a directory name of 265 bytes, more than the "
+         "255 a file or object store's name may hold", 100),
+        ("column 'region' partitions the table and this value makes a directory name of 267 bytes, more than the "
+         "255 a file or object store's name may hold", 100)]
+    assert query(pipeline.sink.table_uri, "SELECT region, count(*) FROM {table} GROUP BY region ORDER BY ALL") == [
+        (longest, 100), ("eu", 100), ("us west", 100), (None, 100)]
     actions = pa.table(DeltaTable(pipeline.sink.table_uri).get_add_actions(flatten=True)).to_pylist()
-    assert {a["partition.region"] for a in actions} == {"eu", "us west", None}
+    assert {a["partition.region"] for a in actions} == {"eu", "us west", longest, None}
     # Directories are named as Spark names them; the log holds their URI form.
-    assert {a["path"].split("/")[0] for a in actions} == {"region=eu", "region=us%20west", "region=__HIVE_DEFAULT_PARTITION__"}
+    assert {a["path"].split("/")[0] for a in actions} == {
+        "region=eu", "region=us%20west", f"region={longest}", "region=__HIVE_DEFAULT_PARTITION__"}
     assert {d.name for d in Path(pipeline.sink.table_uri).glob("region=*")} == {
-        "region=eu", "region=us west", "region=__HIVE_DEFAULT_PARTITION__"}
-    assert sum(a["num_records"] for a in actions) == 600
-    assert min(a["min.id"] for a in actions) == 0 and max(a["max.id"] for a in actions) == 798  # 799 is ""
+        "region=eu", "region=us west", f"region={longest}", "region=__HIVE_DEFAULT_PARTITION__"}
+    assert sum(a["num_records"] for a in actions) == 400
+    assert min(a["min.id"] for a in actions) == 0 and max(a["max.id"] for a in actions) == 697  # 698 and 699 are too long
 
 
 def test_starting_latest_skips_the_backlog_and_records_every_partition(broker, topic, make_pipeline, spark):

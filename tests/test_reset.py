@@ -173,3 +173,47 @@ def test_a_reset_of_one_topic_leaves_another_recreated_topic_refused(broker, mak
     with pytest.raises(TopicChanged, match=rf"pipeline pair: topic {b}: the topic was deleted and recreated"):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert positions(pipeline, b) == {0: 10, 1: 10, 2: 10}
+
+
+def test_a_reset_of_one_topic_stamps_no_other_topics_cluster(broker, make_pipeline, spark):
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    from oncemore.ledger import identity_app_id
+
+    a, b = f"a_{uuid.uuid4().hex[:8]}", f"b_{uuid.uuid4().hex[:8]}"
+    for name in (a, b):
+        broker.create_topic(name, 3)
+        broker.produce(name, orders(0, 30))
+    pipeline = make_pipeline(None, name="pair", source={"topic": None, "topics": [a, b]})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # Topic b's positions were committed reading another cluster (the pipeline was pointed elsewhere).
+    table = DeltaTable(pipeline.sink.table_uri)
+    table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=CommitProperties(
+        app_transactions=[Transaction(identity_app_id("pair", b, "cluster_id"), fingerprint("elsewhere"))]))
+
+    reset(pipeline, OffsetBound("latest"), topics=[a])
+
+    ledger = Ledger(pipeline.sink.table_uri, "pair")
+    assert ledger.claims(b).cluster_id == fingerprint("elsewhere")
+    with pytest.raises(TopicChanged, match=rf"pipeline pair: topic {b}: the positions were committed .* offsets of "
+                                           "another cluster mean nothing here"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+
+
+def test_a_reset_forward_keeps_the_quarantine_floor_ahead_of_it(broker, topic, make_pipeline, spark,
+                                                                crash_before_main_commit):
+    records = orders(0, 90)
+    records[46] = (records[46][0], records[46][1], b"{broken", None)  # partition 1, offset 15
+    produced = broker.produce(topic, records)
+    pipeline = make_pipeline(topic)
+    crash_before_main_commit(pipeline, spark)  # the quarantine table holds partition 1 up to 30, the main none
+    assert held_positions(pipeline.sink.quarantine_uri, "orders", topic, [1]) == {1: 30}
+
+    reset(pipeline, OffsetBound.parse('{"1": 10}'))  # partition 1's offsets 0-9 skipped on purpose
+
+    assert held_positions(pipeline.sink.quarantine_uri, "orders", topic, [1]) == {1: 30}
+    runner.run(pipeline, spark_factory=lambda: spark)
+    quarantined = read_pairs(pipeline.sink.quarantine_uri)
+    assert quarantined == [(1, 15)]  # once: written by the crashed batch, not again by the run after the reset
+    skipped = [(1, o) for o in range(10)]
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri) + quarantined, sorted(set(produced) - set(skipped)))

@@ -102,6 +102,7 @@ def test_a_python_transform_and_an_expectation_that_fails_the_run(broker, topic,
     ({"python": "shaping_transforms:twice_through_an_rdd"}, "reads an RDD's rows"),
     ("SELECT nope FROM records", "UNRESOLVED_COLUMN"),
     ("SELEC * FROM records", "PARSE_SYNTAX_ERROR"),
+    ("SELECT *, amount * 2 AS _oncemore_expect_double FROM records", "names starting with _oncemore_expect_ are"),
 ])
 def test_a_transform_that_cannot_keep_the_promise_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark,
                                                                                       transform, problem):

@@ -5,7 +5,9 @@ is read or written.
 nested in a struct (also inside arrays and maps), is added when it is nullable; the records lacking
 a nullable column of the table is fine (its values are NULL). Stopped, naming the column and both
 types: a changed type, a nullability the table cannot take (a NOT NULL column the records no longer
-fill, a new NOT NULL column a table with rows cannot hold), and any change at all with ``fail``.
+fill, a new NOT NULL column a table with rows cannot hold), a new column whose name differs from
+one of the table's only in case (Delta's names are case-insensitive), and any change at all with
+``fail``.
 Stopped before a run reads anything, the run fails; stopped for a writer schema met during a run
 (runner.prepare), that writer's records are quarantined with the reason instead: so with ``fail``,
 records whose writer would change the table are quarantined and the table stays as it is.
@@ -68,8 +70,13 @@ def _merge(table: DataType, records: DataType, path: str, added: list[str], wher
                 _refuse(where, f"column {name} is NOT NULL in the table and nullable in the records")
             merged.append(StructField(kept.name, _merge(kept.dataType, found.dataType, name, added, where),
                                       kept.nullable, kept.metadata))
+        kept_names = {kept.name.lower(): kept.name for kept in table.fields}
         for new in fields.values():
             name = _path(path, new.name)
+            if new.name.lower() in kept_names:
+                _refuse(where, f"column {name} differs from the table's {_path(path, kept_names[new.name.lower()])} "
+                               "only in case; Delta's column names are case-insensitive, so it cannot be added beside "
+                               "it: a renamed field needs a new table or a deliberate migration")
             if not new.nullable:
                 _refuse(where, f"column {name} ({new.dataType.simpleString()} NOT NULL) is new; a table with rows "
                                "cannot gain a NOT NULL column")

@@ -141,7 +141,8 @@ class Ledger:
                      table: DeltaTable, record: CommitRecord) -> list[Transaction]:
         """The txn actions of a commit on ``table``'s snapshot: ``new_positions``, every other of
         ``partitions``' held position re-stated, per topic the topic and cluster the offsets refer
-        to (the record's, else the held ones) and this pipeline as its owner; all stamped now, so
+        to (the record's for the topics it is about, else the held ones: a commit stamps no
+        identity it did not check) and this pipeline as its owner; all stamped now, so
         none expires while the pipeline runs. A topic of ``partitions`` that the snapshot says
         another pipeline owns (handed over since the caller looked) is left as it is: re-stating
         it would take it back. The caller has checked the owner of ``new_positions``' topics."""
@@ -153,10 +154,12 @@ class Ledger:
         actions = [Transaction(app_id(self.pipeline, p.topic, p.partition), v, now_ms) for p, v in sorted(positions.items())]
         for topic in sorted({p.topic for p in positions}):
             claims = self.claims(topic, table)
+            about = topic in record.topic_ids  # a topic the commit read (or reset): checked against the broker
             for what, stated, kept in (("topic_id", record.topic_ids.get(topic), claims.topic_id),
-                                       ("cluster_id", record.cluster_id, claims.cluster_id)):
-                value = fingerprint(stated) if stated else kept if kept is not None else NO_ID
-                actions.append(Transaction(identity_app_id(self.pipeline, topic, what), value, now_ms))
+                                       ("cluster_id", record.cluster_id if about else None, claims.cluster_id)):
+                value = fingerprint(stated) if stated else kept if kept is not None else NO_ID if about else None
+                if value is not None:
+                    actions.append(Transaction(identity_app_id(self.pipeline, topic, what), value, now_ms))
             actions.append(Transaction(owner_app_id(topic), fingerprint(self.pipeline), now_ms))
         return actions
 

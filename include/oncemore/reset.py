@@ -77,6 +77,11 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     unnamed = {p: b for p, b in log.items() if p.topic in new_topics and p not in named}
     target = {**named, **first_offsets(admin, pipeline, {}, unnamed)}
     quarantine_seen = quarantine.positions(named)
+    # The quarantine table's position only rewinds with the main table's (a deliberate replay): moved
+    # forward, or to where the main table's was, it keeps a floor that is ahead (a crash between a
+    # batch's two commits), or its rows from the target to that floor would be written again.
+    quarantine_target = {p: t if seen[p] is not None and t < seen[p] else max(t, quarantine_seen[p] or t)
+                         for p, t in named.items()}
     schema = _table_schema(pipeline, main, state.topics)
     if dry_run:  # the tables' checks a reset would make, read-only
         failed = [c for c in table_checks(pipeline) if not c.ok]
@@ -90,7 +95,8 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
     versions = {}
     # Main table first: a crash before the quarantine commit leaves the quarantine table's floor
     # where it was, which only ever keeps a quarantine row from being written twice.
-    for ledger, was, now in ((main, {p: seen[p] for p in target}, target), (quarantine, quarantine_seen, named)):
+    for ledger, was, now in ((main, {p: seen[p] for p in target}, target),
+                             (quarantine, quarantine_seen, quarantine_target)):
         record = CommitRecord(
             pipeline=pipeline.name, run_id=run_id, until=to.describe(),
             # The IDs of the topics reset only: another topic's positions keep the identity they

@@ -66,11 +66,18 @@ def key_type(key_format, value_format_type: str, declared: pa.Schema | None) -> 
 def records_schema(value_type: str, value_columns: pa.Schema | None, key: pa.DataType | None, headers: bool) -> pa.Schema:
     """The decoded records' columns, the view ``records`` a transform reads and the table without one:
     ``key`` (when the pipeline has one), the value's columns (``value`` for raw and string, else the
-    record's fields), ``headers`` (when asked for) and the Kafka coordinates."""
+    record's fields), ``headers`` (when asked for) and the Kafka coordinates. SchemaError when a field
+    of the value would be a second column of the key's or the headers' name (a registry schema's:
+    a declared one is refused as the config loads)."""
     fields = [pa.field("key", key)] if key is not None else []
     if value_type in ("raw", "string"):
         fields.append(pa.field("value", pa.binary() if value_type == "raw" else pa.string()))
     else:
+        taken = {"key": key is not None, "headers": headers}
+        for field in value_columns:
+            if taken.get(field.name.lower()):
+                raise SchemaError(f"the value's field {field.name!r} and the record's {field.name.lower()} would be "
+                                  "two columns of one name (Delta's are case-insensitive)")
         fields += list(value_columns)
     if headers:
         fields.append(pa.field("headers", HEADERS_TYPE))

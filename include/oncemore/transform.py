@@ -4,7 +4,8 @@ column per expectation, ready for the ``oncemore_delta`` sink.
 
 Checked on Spark's own analysis of the query, before a record is read: it must parse and resolve
 (Spark's error, named as the transform's); it must keep ``_kafka_topic``, ``_kafka_partition`` and
-``_kafka_offset`` as they were read (the coordinates every row is counted by); and each row must
+``_kafka_offset`` as they were read (the coordinates every row is counted by), and make no column
+named like an expectation's verdict (``_oncemore_expect_...``); and each row must
 come from one record: the plan from the output down to its one source, the records, is made only
 of nodes that keep or drop rows one by one (projections, filters, windows, sorts, repartitions,
 aliases, views, common table expressions). Anything else (an aggregate, a generator, any join or
@@ -68,6 +69,10 @@ def shape(session, records, pipeline: Pipeline):
     if missing:
         raise TransformRefused(f"{where}: drops {', '.join(missing)}; every row must keep the coordinates of its "
                                "record (select them, or SELECT *)", missing=missing)
+    ours = [c for c in shaped.columns if c.lower().startswith(VERDICT_PREFIX)]
+    if ours:  # an expectation's verdict would replace it, and the table would never have it
+        raise TransformRefused(f"{where}: makes column {ours[0]}; names starting with {VERDICT_PREFIX} are "
+                               "oncemore's (expectations' verdicts): rename it", column=ours[0])
     plan = _analyzed(shaped.select(*COORDINATES))
     source = _records_source(plan, where)
     kept, read = dict(_COORDINATE.findall(plan.splitlines()[1])), dict(_COORDINATE.findall(source.text))

@@ -36,6 +36,9 @@ FILE_BYTES = 1 << 30
 # The rows of a file's first row group that decide which of its columns are dictionary-encoded.
 DICTIONARY_SAMPLE_ROWS = 10_000
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+# The longest name of one directory: ext4, XFS and HDFS's default (S3 keys hold more, but a table
+# that moves to a file system must still hold its partitions).
+MAX_NAME_BYTES = 255
 # Characters Spark escapes in Hive-style partition directory names (ExternalCatalogUtils).
 _PATH_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
 
@@ -67,8 +70,9 @@ def kafka_offsets(rows: pa.Table) -> dict[str, tuple[int, int, int]]:
 
 def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
     """By row, why a row's partition value cannot be stored: an empty string (Delta reads an empty
-    partition value as NULL, protocol: Partition Value Serialization), or a date outside years
-    1-9999 (Spark's dates reach further; a partition value's text cannot say it)."""
+    partition value as NULL, protocol: Partition Value Serialization), one whose directory name
+    would pass MAX_NAME_BYTES (every write of it would fail), or a date outside years 1-9999
+    (Spark's dates reach further; a partition value's text cannot say it)."""
     problems: dict[int, str] = {}
     for column in partition_by:
         kind, values = rows.schema.field(column).type, rows.column(column)
@@ -76,6 +80,14 @@ def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> 
             for row in pc.indices_nonzero(pc.fill_null(pc.equal(values, ""), False)).to_pylist():
                 problems.setdefault(row, f"column {column!r} partitions the table and Delta reads an empty "
                                          "partition value as NULL: the row would not read back as sent")
+            # Escaping at most triples a character's bytes: only values that could be too long are looked at.
+            long = pc.greater(pc.binary_length(values), (MAX_NAME_BYTES - len(column) - 1) // 3)
+            for row in pc.indices_nonzero(pc.fill_null(long, False)).to_pylist():
+                size = len(f"{escape_path_name(column)}={escape_path_name(values[row].as_py())}".encode())
+                if size > MAX_NAME_BYTES:
+                    problems.setdefault(row, f"column {column!r} partitions the table and this value makes a "
+                                             f"directory name of {size} bytes, more than the {MAX_NAME_BYTES} a file "
+                                             "or object store's name may hold")
         elif pa.types.is_date32(kind):
             days = values.cast(pa.int32())
             outside = pc.or_(pc.less(days, FIRST_DAY), pc.greater(days, LAST_DAY))
