@@ -39,7 +39,14 @@ TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
 KAFKA_DEVTOOLS = Path(__file__).resolve().parents[2] / "devtools" / "kafka"
 KAFKA_POM = KAFKA_DEVTOOLS / "pom.xml"
 KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
-KAFKA_JVM_OPTIONS = ["-Xmx512m"]
+# Measured on 2 shared cores (median of 5 starts, the JVM's start to a metadata answer): 2.45 s
+# with only -Xmx512m; with the C1 compiler alone (TieredStopAtLevel=1) 2.0 s, and half the broker's
+# CPU over a million records produced and read, at the same rates: C2's compiling costs more than
+# it gains in a broker living minutes. SerialGC and a 64 MB initial heap take an idle broker from
+# 208 to 164 MB resident (G1's own structures, a heap grown ahead of need); they do not speed the
+# start. With the class archive (write_kafka_class_archive) as well: 1.1 s.
+KAFKA_JVM_OPTIONS = ["-Xmx512m", "-Xms64m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+KAFKA_CLASS_ARCHIVE = "kafka-broker.jsa"  # in the jars directory, written by write_kafka_class_archive
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -174,7 +181,8 @@ def kafka_jars_dir() -> Path:
 
 
 def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
-                password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90) -> DevBroker:
+                password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90,
+                jvm_options: list[str] | None = None) -> DevBroker:
     """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1.
 
     ``data_dir`` (absent or empty) keeps its properties, data and log (``logs/server.log``) for
@@ -182,7 +190,8 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     ``sasl`` (a SCRAM mechanism) clients connect on a SASL_PLAINTEXT listener as ``user``, whose
     credentials are written into the quorum's metadata when the storage is formatted; the password
     never reaches a command line (a process list shows every one) and is kept on disk only while
-    formatting. ``configs`` are more broker properties, or replace ours."""
+    formatting. ``configs`` are more broker properties, or replace ours; ``jvm_options`` replace
+    the broker JVM's (KAFKA_JVM_OPTIONS, and the class archive once written)."""
     if sasl is not None and sasl not in SCRAM_MECHANISMS:
         raise ValueError(f"sasl must be one of {', '.join(SCRAM_MECHANISMS)}, not {sasl!r}")
     if sasl and any(c in f"{user}{password}" for c in ",\n"):
@@ -219,6 +228,9 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         # 0.2 s, not 15 s, so a test sees a compacted topic cleaned within seconds.
         "group.initial.rebalance.delay.ms": "0",
         "log.cleaner.backoff.ms": "200",
+        # The cleaner's key map is allocated, and touched, on the heap at start-up: 128 MB by
+        # default, more than the rest of an idle broker's heap; 8 MB holds 300,000 keys.
+        "log.cleaner.dedupe.buffer.size": str(8 << 20),
         # A broker killed and started again registers anew only once the controller has given up
         # its old session: after 3 s of missed heartbeats (every 0.5 s), not 9 s (of one per 2 s).
         "broker.session.timeout.ms": "3000",
@@ -237,12 +249,16 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     broker = DevBroker(f"127.0.0.1:{port}", client_options=client_options, log_path=root / "logs" / "server.log",
                        temporary_dir=temporary_dir)
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    classpath = str(jars / "*")
+    # The JVMs' temporary files (the compression codecs' native libraries) stay in the data directory.
+    (root / "tmp").mkdir(exist_ok=True)
+    common = [f"-Djava.io.tmpdir={root / 'tmp'}", "-cp", str(jars / "*")]
     try:
-        _format_kafka_storage(java, classpath, root, properties_path, sasl and (sasl, user, password))
-        command = [java, *KAFKA_JVM_OPTIONS, f"-Dlog4j2.configurationFile={KAFKA_LOG4J}",
-                   f"-Dkafka.logs.dir={root / 'logs'}", "-cp", classpath, "kafka.Kafka", str(properties_path)]
-        broker.launch = lambda: _launch_kafka(command, broker, seconds)
+        _format_kafka_storage([java, *_kafka_jvm_options(jars), *common], root, properties_path,
+                              sasl and (sasl, user, password))
+        command = [java, *(_kafka_jvm_options(jars) if jvm_options is None else jvm_options), *common,
+                   f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={root / 'logs'}",
+                   "kafka.Kafka", str(properties_path)]
+        broker.launch = lambda: _launch_kafka(command, root, broker, seconds)
         broker.process = broker.launch()
     except BaseException:
         broker.stop()
@@ -250,7 +266,13 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     return broker
 
 
-def _format_kafka_storage(java: str, classpath: str, root: Path, properties_path: Path,
+def _kafka_jvm_options(jars: Path) -> list[str]:
+    archive = jars / KAFKA_CLASS_ARCHIVE
+    # A JVM that cannot use the archive (another Java) says so in its output and starts without it.
+    return [*KAFKA_JVM_OPTIONS, *([f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else [])]
+
+
+def _format_kafka_storage(java: list[str], root: Path, properties_path: Path,
                           scram: tuple[str, str, str] | None) -> None:
     """Formats the node's log directory as a new cluster whose only voter it is (StorageTool ends
     its JVM with exit, so it runs in one of its own), adding the SCRAM user if any."""
@@ -267,8 +289,7 @@ def _format_kafka_storage(java: str, classpath: str, root: Path, properties_path
     with os.fdopen(descriptor, "w") as out:
         out.writelines('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"\n' for a in arguments)
     try:
-        done = subprocess.run([java, "-cp", classpath, f"@{argument_file}"], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([*java, f"@{argument_file}"], cwd=root, capture_output=True, text=True, timeout=120)
     finally:
         argument_file.unlink()
     if done.returncode != 0:
@@ -276,11 +297,13 @@ def _format_kafka_storage(java: str, classpath: str, root: Path, properties_path
                            f"{(done.stderr or done.stdout).strip()[:3000]}")
 
 
-def _launch_kafka(command: list[str], broker: DevBroker, seconds: float) -> subprocess.Popen:
-    """Starts the broker's JVM (its own output, which its log takes over at once, into
-    ``jvm.out`` beside the log) and returns once it serves; kills it if it does not in ``seconds``."""
+def _launch_kafka(command: list[str], root: Path, broker: DevBroker, seconds: float) -> subprocess.Popen:
+    """Starts the broker's JVM in its data directory (where a crashing JVM writes its report), its
+    own output (which its log takes over at once) into ``jvm.out`` beside the log, and returns once
+    it serves; kills it if it does not in ``seconds``."""
     with (broker.log_path.parent / "jvm.out").open("a") as output:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=root, stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=subprocess.STDOUT)
     try:
         _wait_kafka_ready(process, broker, seconds)
     except BaseException:
@@ -323,6 +346,37 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
     except FileNotFoundError:
         return ""
+
+
+def write_kafka_class_archive() -> Path:
+    """Writes the class-data archive (Java's AppCDS) that later broker and format JVMs start from,
+    into the jars directory: once, from scripts/setup. A broker started with the archive-writing
+    option serves what tests do first (topics, transactions, a group's offsets), and its JVM writes
+    the classes it loaded as it exits (about 4 s); the archive takes its final name only then, whole."""
+    from confluent_kafka import Consumer
+
+    archive = kafka_jars_dir() / KAFKA_CLASS_ARCHIVE
+    written = archive.with_name(f"{archive.name}.{os.getpid()}.writing")
+    broker = start_kafka(jvm_options=[*KAFKA_JVM_OPTIONS, f"-XX:ArchiveClassesAtExit={written}"])
+    try:
+        broker.create_topic("classes", 2)
+        broker.produce("classes", [(0, b"k", b"v", None), (1, None, b"w", None)], transactional_id="classes")
+        broker.produce("classes", [(0, b"k", None, None)])
+        consumer = Consumer({**broker._client_config(), "group.id": "classes", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition("classes", 0, 0)])
+        consumer.consume(2, timeout=10)
+        consumer.commit(offsets=[TopicPartition("classes", 0, 1)], asynchronous=False)
+        consumer.close()
+        stop_process(broker.process, grace_seconds=120)  # writing the archive takes the JVM seconds
+        if broker.process.returncode not in (0, 143) or not written.is_file() or not written.stat().st_size:
+            raise RuntimeError(f"the Kafka broker's JVM ended with code {broker.process.returncode} and wrote no "
+                               f"class archive; the end of its output:\n{_log_tail(broker.log_path.parent / 'jvm.out')}")
+        os.replace(written, archive)
+    finally:
+        broker.stop()
+        written.unlink(missing_ok=True)
+    return archive
 
 
 def start_tansu(port: int | None = None) -> DevBroker:
