@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 from .devprocess import stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
@@ -79,14 +79,39 @@ class DevBroker:
         for future in futures.values():
             future.result(timeout=30)
 
+    def _wait_led(self, topic: str, partitions: Iterable[int], seconds: float = 30) -> None:
+        """Returns once the broker answers ListOffsets for each partition. Kafka acknowledges
+        partitions once its controller has them, before the broker leads them: a request in
+        between fails (NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH; 34 of 75 partitions asked at
+        once), and the client does not retry it."""
+        pending, deadline = set(partitions), time.monotonic() + seconds
+        while True:
+            futures = self.admin().list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in pending})
+            for key, future in futures.items():
+                try:
+                    future.result(timeout=30)
+                    pending.discard(key.partition)
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+            if not pending:
+                return
+            time.sleep(0.02)
+            # The client asks the leaders its metadata names; new partitions are not there yet.
+            self.admin().list_topics(topic, timeout=10)
+
     def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
         self._wait(self.admin().create_topics([NewTopic(topic, partitions, 1, config=config or {})]))
+        self._wait_led(topic, range(partitions))
 
     def delete_topic(self, topic: str) -> None:
         self._wait(self.admin().delete_topics([topic], operation_timeout=30))
 
     def add_partitions(self, topic: str, total: int) -> None:
+        """Grows ``topic`` to ``total`` partitions, the new ones led on return."""
+        known = len(self.admin().list_topics(topic, timeout=30).topics[topic].partitions)
         self._wait(self.admin().create_partitions([NewPartitions(topic, total)]))
+        self._wait_led(topic, range(known, total))
 
     def delete_records(self, topic: str, before: dict[int, int]) -> None:
         """Moves each partition's log start to ``before[partition]`` (Kafka's DeleteRecords)."""
