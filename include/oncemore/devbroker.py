@@ -63,6 +63,7 @@ class DevBroker:
         self.launch = launch
         self.log_path = log_path  # the local broker's log file, when it writes one
         self.temporary_dir = temporary_dir  # data of a broker started without a data_dir, removed by stop()
+        self._admin: AdminClient | None = None
 
     def _client_config(self) -> dict:
         # Through Python logging: a handle outliving the broker must not print after a test run.
@@ -70,8 +71,11 @@ class DevBroker:
                 **self.client_options}
 
     def admin(self) -> AdminClient:
-        # Kept while its requests are answered: a collected client destroys its pending futures.
-        self._admin = getattr(self, "_admin", None) or AdminClient(self._client_config())
+        # Kept while its requests are answered: a collected client destroys its pending futures. One
+        # client, not one per call: a new one's first request waits for its metadata (up to 3 s
+        # seen on Kafka). An idle client is falsy (its len() is its queue's), hence no ``or``.
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config())
         return self._admin
 
     @staticmethod
