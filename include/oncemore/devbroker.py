@@ -253,6 +253,11 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         "transaction.state.log.min.isr": "1",
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
+        # One partition each, not 50: the first group's offset commit took 0.4-0.5 s (now and then
+        # failing NOT_COORDINATOR while its partition loaded), now 0.08 s; a fresh data directory
+        # holds 3 partitions, not 101.
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.num.partitions": "1",
         # A consumer group forms at once rather than after 3 s; the cleaner looks for work every
         # 0.2 s, not 15 s, so a test sees a compacted topic cleaned within seconds.
         "group.initial.rebalance.delay.ms": "0",
@@ -264,6 +269,9 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         # its old session: after 3 s of missed heartbeats (every 0.5 s), not 9 s (of one per 2 s).
         "broker.session.timeout.ms": "3000",
         "broker.heartbeat.interval.ms": "500",
+        # A transaction whose producer died is aborted within 1 s of its timeout, not 10 s: until
+        # then it holds back every read_committed consumer of its partitions.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     }
     client_options = {}
     if sasl:
