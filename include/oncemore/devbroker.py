@@ -190,6 +190,9 @@ class DevBroker:
         if self.process is not None:
             stop_process(self.process)
         self.process = self.launch()
+        # The client may hold metadata from while the broker was away (partitions without leaders),
+        # which it does not refresh before its next request fails.
+        self._admin = None
 
 
 def free_port() -> int:
@@ -351,9 +354,11 @@ def _launch_kafka(command: list[str], root: Path, broker: DevBroker, seconds: fl
 
 
 def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: float) -> None:
-    """Returns once the broker answers a metadata request naming itself: it opens its client
-    listener only after it caught up with the quorum, but a client connecting then still has to
-    get through the handshake (and SASL). Raises with the log's end if it exits or takes longer."""
+    """Returns once the broker answers a metadata request naming itself and a leader for every
+    partition: it opens its client listener only after it caught up with the quorum, but a client
+    connecting then still has to get through the handshake (and SASL), and after a kill its
+    partitions get their leader back only once it is unfenced. Raises with the log's end if it
+    exits or takes longer."""
     host, port = broker.bootstrap_servers.rsplit(":", 1)
     deadline = time.monotonic() + seconds
     admin, last_error = None, "its client port never opened"
@@ -363,13 +368,19 @@ def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: flo
         except OSError:
             time.sleep(0.05)
             continue
-        # Retries come quickly: librdkafka's own backoff grows to 10 s.
-        admin = admin or AdminClient({**broker._client_config(), "reconnect.backoff.max.ms": 200})
+        if admin is None:  # retrying quickly: librdkafka's own backoff grows to 10 s
+            admin = AdminClient({**broker._client_config(), "reconnect.backoff.max.ms": 200})
         try:
-            if admin.list_topics(timeout=1).brokers:
-                return
+            metadata = admin.list_topics(timeout=1)
         except KafkaException as exc:
             last_error = str(exc)
+            continue
+        leaderless = [f"{topic.topic}-{partition.id}" for topic in metadata.topics.values()
+                      for partition in topic.partitions.values() if partition.leader < 0 or partition.error]
+        if metadata.brokers and not leaderless:
+            return
+        last_error = f"partitions without a leader: {', '.join(leaderless[:5])}" if leaderless else "no broker"
+        time.sleep(0.05)
     if process.poll() is not None:
         problem = f"exited with code {process.returncode} while starting"
     else:
