@@ -93,7 +93,7 @@ def main() -> None:
     n, batches, code = args.records, args.batches, args.code.resolve()
     work = Path(tempfile.mkdtemp(prefix="oncemore-fixed-"))
     rows = []
-    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+    with devbroker.running(devbroker.start_kafka()) as broker:
         for topic in ("first", "small", "batches", "remote"):
             broker.create_topic(topic, 3)
         for topic in ("first", "small"):

@@ -136,7 +136,7 @@ def main() -> None:
     built = args.table_dir or Path(tempfile.mkdtemp(prefix="oncemore-ledger-"))
     work = Path(tempfile.mkdtemp(prefix="oncemore-ledger-run-"))
     per_partition = -(-args.commits // PARTITIONS)
-    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+    with devbroker.running(devbroker.start_kafka()) as broker:
         broker.create_topic("events", PARTITIONS)
         broker.produce("events", [(p, None, b"{}", None) for p in range(PARTITIONS) for _ in range(per_partition + 1)])
         pipeline = parse_pipeline({

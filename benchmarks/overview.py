@@ -1,6 +1,6 @@
 """How long the oncemore page takes to read a pipeline whose table has many commits: builds a
 table of N oncemore batch commits (positions and batch records, as ingestion writes them; no data
-files, which the page never reads) on the local faithful test broker's topic, then times the
+files, which the page never reads) on a local Apache Kafka broker's topic, then times the
 overview of the list page and of the pipeline page, and the pipeline page's HTML.
 
     scripts/benchmark overview [--commits 5000]
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=5_000)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="oncemore-overview-"))
-    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+    with devbroker.running(devbroker.start_kafka()) as broker:
         broker.create_topic("events", PARTITIONS)
         broker.produce("events", [(i % PARTITIONS, None, b"{}", None) for i in range(args.commits * PARTITIONS + 800)])
         pipeline = parse_pipeline({

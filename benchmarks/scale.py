@@ -1,5 +1,5 @@
 """How oncemore scales with the range, the cores and the partitions (issue 15, item 5), on the local
-faithful test broker, in one run:
+Apache Kafka broker (devbroker.start_kafka), in one run:
 
 - peak memory of the driver (this process and its JVM) and of Spark's Python workers, for a run
   of 1 M and a run of 10 M records (default limits: commits of 1 M): both should follow the batch
@@ -152,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     work = tempfile.mkdtemp(prefix="oncemore-scale-")
-    with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+    with devbroker.running(devbroker.start_kafka()) as broker:
         many_partitions(broker, work, args.partitions)
         parallelism(broker, work, args.small)
         memory(broker, work, args.small, args.large)

@@ -1,5 +1,5 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
-of the same offsets, in one run, on the local faithful test broker (devbroker.test_broker_path()).
+of the same offsets, in one run, on a local Apache Kafka broker (devbroker.start_kafka()).
 
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
@@ -378,7 +378,7 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
     try:
-        with devbroker.running(devbroker.start_test_broker(devbroker.test_broker_path())) as broker:
+        with devbroker.running(devbroker.start_kafka()) as broker:
             started = time.perf_counter()
             for topic, count in (("bench", parts), ("bench_one", 1)):
                 broker.create_topic(topic, count)

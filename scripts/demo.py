@@ -1,4 +1,4 @@
-"""The embedded default end to end: local Tansu broker, sample orders, `oncemore run` twice
+"""The embedded default end to end: a local Apache Kafka broker, sample orders, `oncemore run` twice
 (the second is a no-op), the table's row count and positions; Avro orders through a local schema
 registry (include/pipelines/examples/avro.yaml); then the pipeline's Airflow DAG on SQLite
 (dag.test): a run after more data arrived, and a rerun that is a no-op."""
@@ -38,12 +38,11 @@ def oncemore(*args: str) -> None:
 def main() -> None:
     data_dir = os.environ.setdefault("ONCEMORE_DATA_DIR", tempfile.mkdtemp(prefix="oncemore-demo-"))
     os.environ.setdefault("ONCEMORE_SPARK_MASTER", "local[2]")
-    with devbroker.running(devbroker.start_tansu()) as broker:
+    with devbroker.running(devbroker.start_kafka()) as broker:
         os.environ["KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
         broker.create_topic("orders", 3)
-        # In a transaction: Tansu reports a log's end right only after a marker (devbroker docstring).
-        produced = broker.produce("orders", sample_orders(20_000), transactional_id="demo")
-        print(f"local Tansu broker at {broker.bootstrap_servers}: produced {len(produced)} records to topic "
+        produced = broker.produce("orders", sample_orders(20_000))
+        print(f"local Apache Kafka broker at {broker.bootstrap_servers}: produced {len(produced)} records to topic "
               f"orders (3 partitions, 8 of them malformed); Delta tables under {data_dir}", flush=True)
 
         oncemore("plan", "orders")
@@ -59,7 +58,7 @@ def main() -> None:
 
         avro_orders(broker)
 
-        more = broker.produce("orders", sample_orders(5_000), transactional_id="demo")
+        more = broker.produce("orders", sample_orders(5_000))
         print(f"\nAirflow (SQLite, dag.test): {len(more)} more records produced; running DAG oncemore__orders", flush=True)
         run_dag_twice(pipeline.sink.table_uri)
 
@@ -90,7 +89,7 @@ def avro_orders(broker) -> None:
         records = [(i % 2, f"key-{i}".encode(), serialize({
             "id": i, "customer": {"name": f"customer-{i % 7}", "city": "Oslo" if i % 2 else None},
             "amount": Decimal(i) / 4, "placed": now}, context), None) for i in range(1_000)]
-        broker.produce("orders_avro", records, transactional_id="demo-avro")
+        broker.produce("orders_avro", records)
         print(f"\nlocal schema registry at {registry.url}: 1000 Avro orders (nested, decimal, timestamp) "
               "to topic orders_avro", flush=True)
         example = str(ROOT / "include" / "pipelines" / "examples" / "avro.yaml")

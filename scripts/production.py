@@ -1,6 +1,6 @@
 """The production topology on this machine: an S3 API server (moto) for the tables, a Spark standalone
 master and worker for the jobs, the real Airflow services (scheduler, DAG processor, API server)
-and the faithful Kafka test broker (or the cluster in KAFKA_BOOTSTRAP). Runs an hourly pipeline's
+and a local Apache Kafka broker (or the cluster in KAFKA_BOOTSTRAP). Runs an hourly pipeline's
 catch-up of the last three hours under the scheduler, then a backfill through the REST API over
 them; prints what landed per interval; stops everything it started."""
 
@@ -43,7 +43,7 @@ def main() -> None:
         if os.environ.get("KAFKA_BOOTSTRAP"):
             broker = devbroker.DevBroker(os.environ["KAFKA_BOOTSTRAP"])
         else:
-            broker = devbroker.start_test_broker(devbroker.test_broker_path())
+            broker = devbroker.start_kafka()
             stack.callback(broker.stop)
         s3 = start_s3_server()
         stack.callback(s3.stop)

@@ -1,10 +1,10 @@
 """Fixtures: a real broker, a real local Spark, real Delta tables on disk or on a local S3 API
 server (moto), and an independent reader.
 
-The broker is the faithful Kafka test broker (``../shared/bin/kafka-test-broker``, or the path in
-ONCEMORE_TEST_BROKER), started once per session; ONCEMORE_TEST_BOOTSTRAP points the suite at an
-external Kafka cluster instead. Without either the run stops at once, saying how to provide one.
-Tests that need a broker of their own (SASL, restarts) start one from the same binary.
+The broker is Apache Kafka (oncemore.devbroker.start_kafka, from the jars scripts/setup brings),
+one per test session (per xdist worker), each test on topics of its own;
+ONCEMORE_TEST_BOOTSTRAP points the suite at an external Kafka cluster instead. Tests that need a
+broker of their own (SASL, restarts, a second cluster) start one with ``own_broker``.
 """
 
 from __future__ import annotations
@@ -32,19 +32,18 @@ from oncemore.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTERNAL_BOOTSTRAP = os.environ.get("ONCEMORE_TEST_BOOTSTRAP")
-TEST_BROKER = devbroker.test_broker_path()
 # py4j logs at INFO while the interpreter shuts down, after pytest closed its streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def pytest_sessionstart(session):
-    if not EXTERNAL_BOOTSTRAP and not os.access(TEST_BROKER, os.X_OK):
-        pytest.exit(
-            f"no Kafka broker for the tests: {TEST_BROKER} is missing or not executable. Provide the faithful "
-            "test broker (build it with shared/tools/kafka-test-broker/build.sh, or set ONCEMORE_TEST_BROKER to "
-            "its path), or point the suite at a Kafka cluster with ONCEMORE_TEST_BOOTSTRAP=host:port.",
-            returncode=pytest.ExitCode.USAGE_ERROR,
-        )
+    if not EXTERNAL_BOOTSTRAP:
+        try:
+            devbroker.kafka_jars_dir()
+        except FileNotFoundError as exc:
+            pytest.exit(f"no Kafka broker for the tests: {exc} (scripts/test does; it needs Java 17 and Maven), or "
+                        "point the suite at a Kafka cluster with ONCEMORE_TEST_BOOTSTRAP=host:port.",
+                        returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +51,7 @@ def broker():
     if EXTERNAL_BOOTSTRAP:
         yield devbroker.DevBroker(EXTERNAL_BOOTSTRAP)
         return
-    with devbroker.running(devbroker.start_test_broker(TEST_BROKER)) as local:
+    with devbroker.running(devbroker.start_kafka()) as local:
         yield local
         # Destroy lingering client handles first, or their reconnect errors print after pytest's summary.
         gc.collect()
@@ -60,13 +59,13 @@ def broker():
 
 @pytest.fixture
 def own_broker(tmp_path):
-    """A test broker of this test's own, persisted under tmp_path (restartable); arguments as
-    devbroker.start_test_broker's."""
+    """A Kafka broker of this test's own, persisted under tmp_path (restartable); arguments as
+    devbroker.start_kafka's."""
     started = []
 
     def start(**kwargs) -> devbroker.DevBroker:
-        kwargs.setdefault("data_dir", str(tmp_path / "broker-data"))
-        started.append(devbroker.start_test_broker(TEST_BROKER, **kwargs))
+        kwargs.setdefault("data_dir", str(tmp_path / f"broker-{len(started)}"))
+        started.append(devbroker.start_kafka(**kwargs))
         return started[-1]
 
     yield start

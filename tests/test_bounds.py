@@ -1,4 +1,4 @@
-"""Timestamp bounds on the faithful broker: a range ends at the first *data* record stamped at or
+"""Timestamp bounds on Apache Kafka: a range ends at the first *data* record stamped at or
 after the bound, whatever transaction markers (stamped with the broker's clock) say; out-of-order
 records go with the next range; a future-stamped record blocking older ones fails the run.
 

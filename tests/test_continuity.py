@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from oncemore import devbroker, runner
+from oncemore import runner
 from oncemore.committer import commit_positions
 from oncemore.config import OffsetBound
 from oncemore.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
@@ -71,24 +71,21 @@ def test_a_recreated_topic_stops_the_run_until_a_deliberate_reset(broker, topic,
     assert Counter(read_pairs(pipeline.sink.table_uri)) == Counter(old) + Counter(new)
 
 
-def test_positions_of_another_cluster_stop_the_run(tmp_path, make_pipeline, spark):
-    tansu = devbroker.start_tansu()
-    try:
-        tansu.create_topic("moved", 3)
-        tansu.produce("moved", orders(0, 90), transactional_id="t")
-        pipeline = make_pipeline("moved", source={"bootstrap_servers": tansu.bootstrap_servers})
-        runner.run(pipeline, spark_factory=lambda: spark)
-    finally:
-        tansu.stop()
-    faithful = devbroker.start_test_broker(devbroker.test_broker_path())
-    try:
-        faithful.create_topic("moved", 3)
-        faithful.produce("moved", orders(0, 300))
-        moved = make_pipeline("moved", source={"bootstrap_servers": faithful.bootstrap_servers})
-        with pytest.raises(TopicChanged, match=r"reading cluster tansu_cluster, the broker at .* is cluster kfake"):
-            runner.run(moved, spark_factory=no_spark)
-    finally:
-        faithful.stop()
+def test_positions_of_another_cluster_stop_the_run(own_broker, make_pipeline, spark):
+    first = own_broker()
+    first.create_topic("moved", 3)
+    first.produce("moved", orders(0, 90))
+    pipeline = make_pipeline("moved", source={"bootstrap_servers": first.bootstrap_servers})
+    runner.run(pipeline, spark_factory=lambda: spark)
+    first.stop()
+    second = own_broker()  # another cluster (its own ID) with a topic of the same name, more records
+    second.create_topic("moved", 3)
+    second.produce("moved", orders(0, 300))
+    moved = make_pipeline("moved", source={"bootstrap_servers": second.bootstrap_servers})
+    cluster = second.admin().list_topics(timeout=10).cluster_id
+    with pytest.raises(TopicChanged, match=rf"reading cluster (?!{cluster})\S+, the broker at .* is cluster {cluster}: "
+                                           "offsets of another cluster mean nothing here"):
+        runner.run(moved, spark_factory=no_spark)
 
 
 def test_a_position_beyond_the_log_end_stops_the_run(broker, topic, make_pipeline, spark):

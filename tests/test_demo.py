@@ -1,4 +1,5 @@
-"""The demo path on its embedded broker (Tansu, from PyPI): `scripts/demo` as a new user runs it."""
+"""The demo path on its embedded broker (Apache Kafka, brought by scripts/setup): `scripts/demo` as a new
+user runs it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from conftest import ROOT, read_pairs
 pytestmark = pytest.mark.spark
 
 
-def test_the_demo_ingests_every_record_once_on_tansu_and_its_reruns_are_noops(tmp_path):
+def test_the_demo_ingests_every_record_once_on_kafka_and_its_reruns_are_noops(tmp_path):
     env = {**os.environ, "ONCEMORE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "include")}
     env.pop("ONCEMORE_PIPELINES_DIR", None)
     demo = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], env=env, capture_output=True,

