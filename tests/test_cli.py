@@ -296,4 +296,5 @@ def test_check_of_a_topic_pattern_with_kafka_down_says_so_and_goes_on(make_pipel
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[1].startswith("FAILED by_pattern: kafka: pipeline by_pattern: cannot reach Kafka at 127.0.0.1:1: ")
-    assert [line.split(":")[1].strip() for line in lines] == ["config", "kafka", "table", "quarantine table", "airflow"]
+    assert [line.split(":")[1].strip() for line in lines] == ["config", "kafka", "records", "table", "quarantine table",
+                                                              "airflow"]

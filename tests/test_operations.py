@@ -185,7 +185,7 @@ def test_the_overview_matches_the_ledger(broker, topic, make_pipeline, spark):
 
     run(pipeline, spark_factory=spark_factory(spark))
     (sample,) = pipeline_overview(pipeline, detail=True)["quarantine_sample"]
-    assert sample["value_head"] == "\\x00\\x01 not json" and sample["error"] == "value is not JSON, not a JSON object"
+    assert sample["value_head"] == "\\x00\\x01 not json" and sample["error"] == "value is not valid JSON, not a JSON object"
 
 
 def first_offsets(count: int) -> OffsetBound:

@@ -290,8 +290,9 @@ def _not_json(constant: str):
 
 def _framed(value: bytes) -> str:
     """A hint for a value that starts as Confluent's serializers frame one (magic byte 0, a 4-byte
-    schema ID): the pipeline reads Avro, Protobuf or JSON Schema output as plain JSON."""
-    if len(value) < 5 or value[0] != 0:
+    schema ID, here one below 2^24 as registries hand them out, so a stray 0 byte is no hint): the
+    pipeline reads Avro, Protobuf or JSON Schema output as plain JSON."""
+    if len(value) < 5 or value[0] != 0 or value[1] != 0:
         return ""
     return (f"; it starts as Confluent's wire format does (magic byte 0, schema ID {int.from_bytes(value[1:5], 'big')}):"
             " Avro or Protobuf needs format type avro or protobuf, JSON Schema confluent_framing: true")
