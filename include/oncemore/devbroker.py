@@ -220,15 +220,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def kafka_jars_dir() -> Path:
-    """The jars scripts/setup copied for devtools/kafka/pom.xml, found by the same rule: the first
-    16 hex digits of the pom's sha256, under ``${XDG_CACHE_HOME:-~/.cache}/oncemore``."""
-    digest = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()[:16]
-    jars = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oncemore" / f"kafka-{digest}"
-    if not (jars / ".complete").is_file():
-        raise FileNotFoundError(f"the Kafka broker's jars for {KAFKA_POM} are not in {jars}: run scripts/setup "
+def setup_cache_dir(pom: Path, prefix: str, what: str) -> Path:
+    """The directory scripts/setup filled with ``what`` for ``pom``, found by the same rule:
+    ``prefix`` and the first 16 hex digits of the pom's sha256, under
+    ``${XDG_CACHE_HOME:-~/.cache}/oncemore``; raises if setup has not completed it."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
+    directory = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oncemore" / f"{prefix}-{digest}"
+    if not (directory / ".complete").is_file():
+        raise FileNotFoundError(f"{what} for {pom} are not in {directory}: run scripts/setup "
                                 "(it copies them with Maven, once)")
-    return jars
+    return directory
+
+
+def kafka_jars_dir() -> Path:
+    """The jars scripts/setup copied for devtools/kafka/pom.xml."""
+    return setup_cache_dir(KAFKA_POM, "kafka", "the Kafka broker's jars")
 
 
 def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
