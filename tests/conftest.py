@@ -283,7 +283,7 @@ def crash_before_main_commit(monkeypatch):
 
 @pytest.fixture(scope="session")
 def registry():
-    """A Confluent-compatible schema registry over HTTP (oncemore.devregistry) for the session."""
+    """Apicurio Registry (oncemore.devregistry), Confluent-compatible over HTTP, for the session."""
     from oncemore.devregistry import start_registry
 
     local = start_registry()

@@ -1,5 +1,5 @@
-"""Avro in Confluent's wire format: values produced by confluent-kafka's own AvroSerializer against the
-development registry (a real subprocess, reached over HTTP), decoded by AvroDecoder in another process
+"""Avro in Confluent's wire format: values produced by confluent-kafka's own AvroSerializer against
+Apicurio Registry (a JVM of its own, reached over HTTP), decoded by AvroDecoder in another process
 (a spawn child that shares no memory with the producer), written to Delta and read back by DuckDB."""
 
 from __future__ import annotations

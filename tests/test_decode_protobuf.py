@@ -1,6 +1,6 @@
 """Protobuf in Confluent's wire format: messages built from descriptors at run time (no generated code),
-produced by confluent-kafka's own ProtobufSerializer against the development registry (a real
-subprocess, reached over HTTP), decoded by ProtobufDecoder in a spawned process, written to Delta and
+produced by confluent-kafka's own ProtobufSerializer against Apicurio Registry (a JVM of its own,
+reached over HTTP), decoded by ProtobufDecoder in a spawned process, written to Delta and
 read back by DuckDB."""
 
 from __future__ import annotations
