@@ -1,6 +1,6 @@
 """The embedded default end to end: a local Apache Kafka broker, sample orders, `oncemore run` twice
 (the second is a no-op), the table's row count and positions; Avro orders through a local schema
-registry (include/pipelines/examples/avro.yaml); then the pipeline's Airflow DAG on SQLite
+registry, Apicurio Registry (include/pipelines/examples/avro.yaml); then the pipeline's Airflow DAG on SQLite
 (dag.test): a run after more data arrived, and a rerun that is a no-op."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ AVRO_ORDER = {"type": "record", "name": "Order", "namespace": "demo", "fields": 
 
 
 def avro_orders(broker) -> None:
-    """The Avro example: records in Confluent's wire format, their schema in a local registry."""
+    """The Avro example: records in Confluent's wire format, their schema in a local Apicurio Registry."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
@@ -90,7 +90,7 @@ def avro_orders(broker) -> None:
             "id": i, "customer": {"name": f"customer-{i % 7}", "city": "Oslo" if i % 2 else None},
             "amount": Decimal(i) / 4, "placed": now}, context), None) for i in range(1_000)]
         broker.produce("orders_avro", records)
-        print(f"\nlocal schema registry at {registry.url}: 1000 Avro orders (nested, decimal, timestamp) "
+        print(f"\nlocal schema registry (Apicurio) at {registry.url}: 1000 Avro orders (nested, decimal, timestamp) "
               "to topic orders_avro", flush=True)
         example = str(ROOT / "include" / "pipelines" / "examples" / "avro.yaml")
         oncemore("run", "--config", example)
