@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # a Spark task reading Kafka never needs the config models (p
     from .config import Pipeline
 
 _POLL_SECONDS = 0.5
+# How long a stalled read asks for metadata to tell an unreachable broker from records that are gone.
+_PROBE_SECONDS = 3.0
 # librdkafka's own log (connection retries, ...): through Python logging, not straight to stderr.
 # Failures reach the caller as errors naming what failed; the CLI keeps this log quiet.
 CLIENT_LOG = logging.getLogger("oncemore.librdkafka")
@@ -263,10 +265,23 @@ def read_messages(
         if new_position > position:
             position, last_progress = new_position, time.monotonic()
         elif time.monotonic() - last_progress > stall_timeout:
-            cause = (f"the broker is unreachable ({transient.name()}: {transient.str()})" if transient else
-                     "the records are missing from the broker (deleted, or the topic was recreated)")
+            cause = _stall_cause(consumer, topic, transient)
             raise KafkaReadError(
                 f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range [{start}, {end}): {cause}")
+
+
+def _stall_cause(consumer: Consumer, topic: str, transient: KafkaError | None) -> str:
+    """Why a read made no progress: the broker unreachable (a fetch's error said so, or a metadata
+    request fails now: librdkafka reports a refused connection to its logs, not to consume()), else
+    the records are gone."""
+    if transient is None:
+        try:
+            consumer.list_topics(topic, timeout=_PROBE_SECONDS)
+        except KafkaException as exc:
+            transient = exc.args[0]
+    if transient is not None:
+        return f"the broker is unreachable ({transient.name()}: {transient.str()})"
+    return "the records are missing from the broker (deleted, or the topic was recreated)"
 
 
 def _transient(error: KafkaError) -> bool:
