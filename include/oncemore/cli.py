@@ -1,4 +1,4 @@
-"""Command line: ``oncemore run | plan | status | reset | maintain | verify | check | list | schema``.
+"""Command line: ``oncemore run | plan | status | reset | maintain | delete | verify | check | list | schema``.
 
 Progress goes to stderr, results to stdout; a failure exits non-zero with a one-line cause.
 """
@@ -107,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
     add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables", _maintain)
+    delete = add("delete", "delete rows from the pipeline's tables by a predicate, each commit recording the "
+                           "offsets removed (verify accounts for them)", _delete)
+    delete.add_argument("--where", required=True, metavar="SQL",
+                        help="the rows to delete: a SQL predicate over the table's columns (DataFusion's dialect, as "
+                             "delta-rs evaluates it), e.g. \"customer_id = 42\"")
+    delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, commit nothing")
     verify = add("verify", "audit exactly-once from the tables alone: every committed offset in a table once, "
                            "no row outside a committed range, history contiguous, positions as committed (exit 1 "
                            "on any discrepancy)", _verify)
@@ -306,6 +312,17 @@ def _reset(pipeline: Pipeline, args) -> int:
         print(f"{pipeline.name}: positions would be reset {moves} (dry run: nothing committed)")
     else:
         print(f"{pipeline.name}: positions reset {moves} (versions: {json.dumps(done['versions'])})")
+    return 0
+
+
+def _delete(pipeline: Pipeline, args) -> int:
+    from .delete import delete
+
+    done = delete(pipeline, args.where, dry_run=args.dry_run)
+    for role, table in done["tables"].items():
+        offsets = f" at offsets {json.dumps(table['offsets'])}" if table.get("offsets") else ""
+        version = f" (table version {table['version']})" if table.get("status") == "deleted" else ""
+        print(f"{pipeline.name}: {role} table: {table['status']}{version}, {table['rows']} rows{offsets}")
     return 0
 
 

@@ -9,7 +9,8 @@ Formats: 1 the batch; 2 topic, topic_id, cluster_id, bytes_read and reset; 3 log
 duration_ms; 4 the commit also states the identity and owner txns (ledger.Claims); 5 several
 topics: ``topic_ids`` {topic: ID} instead of topic/topic_id, ``log_end`` and reset positions per
 topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each);
-6 ``profile``: milliseconds per phase of the work before the commit (profile.py).
+6 ``profile``: milliseconds per phase of the work before the commit (profile.py); 7 ``deletion``:
+rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import __version__
 from .coordinates import KafkaPartition, flat
 
 METADATA_KEY = "oncemore"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 
 Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
 
@@ -47,6 +48,19 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Deletion:
+    """Rows removed on purpose (``oncemore delete``): the predicate as the user stated it, and the
+    offsets of the removed rows, as spans per partition."""
+
+    where: str
+    offsets: Mapping[str, Mapping[str, list[list[int]]]]  # {topic: {partition: [[start, end], ...]}}, end excluded
+    rows: int
+
+    def spans(self) -> dict[KafkaPartition, list[tuple[int, int]]]:
+        return {p: [(s, e) for s, e in spans] for p, spans in flat(self.offsets).items()}
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     pipeline: str
     run_id: str
@@ -63,6 +77,7 @@ class CommitRecord:
     duration_ms: int = 0  # reading, writing and committing this batch
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} (profile.py)
     reset: Reset | None = None
+    deletion: Deletion | None = None
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 
@@ -98,6 +113,8 @@ class CommitRecord:
         data["gaps"] = [Gap(**g) for g in data.get("gaps", [])]
         if data.get("reset"):
             data["reset"] = Reset(**data["reset"])
+        if data.get("deletion"):
+            data["deletion"] = Deletion(**data["deletion"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

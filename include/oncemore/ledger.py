@@ -99,7 +99,7 @@ class Ledger:
         self._txns: tuple[int, dict[str, int | None]] = (-1, {})  # the lookups of one snapshot version
         # Commit files read, by version: (timestamp, record), or None where no file is left (log
         # cleanup). A version's commit never changes, so what was read is never read again.
-        self._read: dict[int, tuple[int, CommitRecord | None] | None] = {}
+        self._read: dict[int, tuple[int, CommitRecord | None, str | None] | None] = {}
 
     def snapshot(self) -> DeltaTable | None:
         """The table's latest snapshot (None: no table yet). The same object each call, updated."""
@@ -168,9 +168,9 @@ class Ledger:
         """The filesystem and root the commit files are read from (an S3 client is built once)."""
         return filesystem(self.table_uri, self.storage_options)
 
-    def _commits(self, limit: int | None, table: DeltaTable) -> list[tuple[int, int, CommitRecord | None]]:
+    def _commits(self, limit: int | None, table: DeltaTable) -> list[tuple[int, int, CommitRecord | None, str | None]]:
         """The newest ``limit`` commits of ``table`` (None: all), newest first, as (version,
-        timestamp, record). Only versions not read before are read."""
+        timestamp, record, the operation if it removed data rows). Only versions not read before are read."""
         newest = table.version()
         fs, root = self._log_store
         if limit is None:  # the whole log: the versions whose commit files are still there
@@ -200,7 +200,12 @@ class Ledger:
         table = table if table is not None else self.snapshot()
         if table is None:
             return []
-        return [CommitEntry(v, t, r) for v, t, r in self._commits(limit, table) if r is not None]
+        return [CommitEntry(v, t, r) for v, t, r, _ in self._commits(limit, table) if r is not None]
+
+    def rows_removed_outside(self, table: DeltaTable) -> list[tuple[int, str]]:
+        """The kept commits that removed data rows and carry no oncemore record (another writer's
+        DELETE, UPDATE, MERGE or overwrite), as (version, operation), oldest first."""
+        return sorted((v, removed) for v, _, r, removed in self._commits(None, table) if r is None and removed)
 
     def recent_batches(self, limit: int | None = 20, table: DeltaTable | None = None) -> list[CommitEntry]:
         """This pipeline's commits among the last ``limit`` commits, newest first."""
@@ -237,24 +242,27 @@ class Ledger:
     def find_commit(self, record: CommitRecord, after_version: int, table: DeltaTable) -> int | None:
         """The version of the commit carrying ``record`` among all versions after ``after_version``
         (a commit of ours is recognised by its record: run ID, batch, ranges and the rest)."""
-        for version, _, found in self._commits(table.version() - after_version, table):
+        for version, _, found, _ in self._commits(table.version() - after_version, table):
             if version > after_version and found is not None and found.to_json() == record.to_json():
                 return version
         return None
 
 
-def _read_commit(fs: pafs.FileSystem, root: str, version: int) -> tuple[int, CommitRecord | None] | None:
-    """The timestamp and oncemore record of one commit file; None when the file is gone."""
+def _read_commit(fs: pafs.FileSystem, root: str, version: int) -> tuple[int, CommitRecord | None, str | None] | None:
+    """The timestamp and oncemore record of one commit file, and its operation when it removed data
+    rows (a ``remove`` with dataChange: not compaction's); None when the file is gone."""
     try:
         with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as stream:
             lines = stream.read().splitlines()
     except FileNotFoundError:
         return None
-    for line in filter(None, lines):
-        action = json.loads(line)
+    timestamp, record, operation, removes = 0, None, "unknown", False
+    for action in map(json.loads, filter(None, lines)):
         if "commitInfo" in action:
             info = action["commitInfo"]
             raw = info.get(METADATA_KEY)
             record = None if raw is None else CommitRecord.from_json(raw if isinstance(raw, str) else json.dumps(raw))
-            return int(info.get("timestamp", 0)), record
-    return 0, None
+            timestamp, operation = int(info.get("timestamp", 0)), info.get("operation", "unknown")
+        elif "remove" in action and action["remove"].get("dataChange", True):
+            removes = True
+    return timestamp, record, operation if removes else None

@@ -12,8 +12,11 @@ For the pipeline's commits in the main table's log (every one whose commit file 
    row at or past the main table's position is *pending*, not a fault: a batch's quarantine
    commit lands before its main commit, and the batch's next run commits the rest;
 3. counts: per commit, its rows in the main table and in the quarantine table are what its record
-   says it wrote and quarantined. Its other offsets held records a transform filtered (counted in
-   the record) or no record at all (transaction markers, aborted transactions).
+   says it wrote and quarantined, less the rows a deletion recorded removing since (``oncemore
+   delete``). Its other offsets held records a transform filtered (counted in the record) or no
+   record at all (transaction markers, aborted transactions, compaction). A count that differs is
+   named by the partition and offsets Kafka still holds and neither table does, and by the
+   commits that removed rows without an oncemore record (another writer's DELETE, MERGE, ...).
 
 Invariants: it reads the ``_kafka_*`` columns of the files the snapshots list, on Spark
 (tablescan.py), so compaction and vacuum (files rewritten, rows and positions unchanged) never
@@ -74,7 +77,7 @@ class VerifyReport:
     commits: int  # the pipeline's commits whose counts are audited
     since: int | None  # counts audited from this version on (None: every kept commit)
     whole_log: bool  # the log keeps every commit since the table's first
-    rows: dict[str, int] = field(default_factory=dict)  # main, quarantine, pending, before, foreign
+    rows: dict[str, int] = field(default_factory=dict)  # main, quarantine, pending, before, foreign, deleted
     offsets_without_row: int = 0  # in committed ranges: filtered, transaction markers, aborted
     filtered: int = 0  # of which the records say a transform filtered
     discrepancies: list[Discrepancy] = field(default_factory=list)
@@ -99,9 +102,11 @@ class VerifyReport:
                  f"table version {self.table_version}, quarantine version {self.quarantine_version}",
                  f"  rows: {self.rows.get('main', 0)} in the table, {self.rows.get('quarantine', 0)} quarantined, "
                  f"{self.rows.get('pending', 0)} quarantined for a batch still to commit, "
-                 f"{self.rows.get('before', 0)} before the pipeline's kept history",
+                 f"{self.rows.get('before', 0)} before the pipeline's kept history, "
+                 f"{self.rows.get('deleted', 0)} deleted since by oncemore delete",
                  f"  offsets of committed ranges without a row: {self.offsets_without_row} "
-                 f"({self.filtered} filtered by the transform, the rest transaction markers or aborted records)"]
+                 f"({self.filtered} filtered by the transform, the rest transaction markers, aborted records or "
+                 "records compaction removed)"]
         for kind, count in sorted(self.counts.items()):
             lines.append(f"  {count} {kind} discrepanc{'y' if count == 1 else 'ies'}:")
             lines += [f"    {d.line()}" for d in self.discrepancies if d.kind == kind]
@@ -145,11 +150,38 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
     topics = {p.topic for e in history for p in e.record.partition_ranges()} | set(pipeline.source.topic_names or ())
     pieces, coverage = _coverage(history, held, whole_log, topics)
     files = _files(False, table, pipeline.sink.table_uri)
+    removals = _Removals({"main": _deleted(history), "quarantine": {}}, {"main": main.rows_removed_outside(table),
+                                                                         "quarantine": []})
     if quarantine_table is not None:
         files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
+        removals.deleted["quarantine"] = _deleted(quarantine.recent_batches(None, quarantine_table))
+        removals.outside["quarantine"] = quarantine.rows_removed_outside(quarantine_table)
     if files:
-        _audit_rows(spark_factory(), files, coverage, pieces, audited, pipeline, report)
+        _audit_rows(spark_factory(), files, coverage, pieces, audited, pipeline, removals, report)
     return report
+
+
+@dataclass(frozen=True)
+class _Removals:
+    """Rows that left the tables after their batches, by table (main, quarantine): the offsets
+    ``oncemore delete`` recorded removing, and the commits that removed rows without a record."""
+
+    deleted: dict[str, dict[KafkaPartition, list[tuple[int, int]]]]
+    outside: dict[str, list[tuple[int, str]]]  # (version, operation)
+
+    def within(self, what: str, p: KafkaPartition, start: int, end: int) -> int:
+        """How many offsets of [start, end) of ``p`` a recorded deletion removed from table ``what``."""
+        return sum(max(0, min(e, end) - max(s, start)) for s, e in self.deleted[what].get(p, []))
+
+
+def _deleted(entries: list[CommitEntry]) -> dict[KafkaPartition, list[tuple[int, int]]]:
+    """The offsets the deletions among ``entries`` recorded removing, per partition."""
+    spans: dict[KafkaPartition, list[tuple[int, int]]] = {}
+    for entry in entries:
+        if entry.record.deletion is not None:
+            for p, runs in entry.record.deletion.spans().items():
+                spans.setdefault(p, []).extend(runs)
+    return spans
 
 
 def record_result(pipeline: Pipeline, report: VerifyReport) -> None:
@@ -257,7 +289,7 @@ def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str
 
 
 def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
-                pipeline: Pipeline, report: VerifyReport) -> None:
+                pipeline: Pipeline, removals: _Removals, report: VerifyReport) -> None:
     from pyspark.sql import functions as F
 
     from .tablescan import BEFORE, FOREIGN, NAME, OUTSIDE, PENDING
@@ -302,15 +334,17 @@ def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], aud
         """The offsets the tables hold in ``segments``."""
         return {r["offset"] for r in per_offset.filter(F.col("segment").isin(segments)).select("offset").collect()}
 
-    _check_counts(audited, pieces, per_piece, report, lambda entry, mine: _missing(pipeline, entry, pieces, mine,
-                                                                                   in_tables))
+    _check_counts(audited, pieces, per_piece, removals, report,
+                  lambda entry, mine: _missing(pipeline, entry, pieces, mine, in_tables))
 
 
-def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, report: VerifyReport,
-                  missing: Callable[[CommitEntry, list[int]], dict[KafkaPartition, list[int] | None]]) -> None:
-    """Per commit whose offsets no other commit covers: rows in each table as its record says; where
-    not, the partition at fault (``missing``: per partition, its committed offsets Kafka holds and
-    neither table does; None where Kafka no longer holds the range)."""
+def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, removals: _Removals,
+                  report: VerifyReport, missing: Callable[[CommitEntry, list[int]], dict[KafkaPartition, list[int] | None]]
+                  ) -> None:
+    """Per commit whose offsets no other commit covers: rows in each table as its record says, but
+    for the rows a recorded deletion removed since; where not, the partition at fault (``missing``:
+    per partition, its committed offsets Kafka holds and neither table does; None where Kafka no
+    longer holds the range)."""
     by_version: dict[int, list[int]] = {}
     for s, piece in pieces.items():
         for version in piece.versions:
@@ -328,24 +362,33 @@ def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_pie
                 rows[pieces[s].partition][0] += per_piece[s]["main"]
                 rows[pieces[s].partition][1] += per_piece[s]["rows"] - per_piece[s]["main"]
         main, quarantined = sum(m for m, _ in rows.values()), sum(q for _, q in rows.values())
-        report.offsets_without_row += sum(e - s for s, e in ranges.values()) - main - quarantined
-        wrong = [(what, found, stated) for what, found, stated in (
+        removed = {what: sum(removals.within(what, p, s, e) for p, (s, e) in ranges.items())
+                   for what in ("main", "quarantine")}
+        report.rows["deleted"] = report.rows.get("deleted", 0) + sum(removed.values())
+        report.offsets_without_row += sum(e - s for s, e in ranges.values()) - main - quarantined - sum(removed.values())
+        wrong = [(what, found, stated, removed[what]) for what, found, stated in (
             ("main", main, record.records.get("written", 0)),
-            ("quarantine", quarantined, record.records.get("quarantined", 0))) if found != stated]
+            ("quarantine", quarantined, record.records.get("quarantined", 0))) if found != stated - removed[what]]
         if not wrong:
             continue
         lost = missing(entry, mine)
-        for what, found, stated in wrong:
-            report.add(_count_discrepancy(entry, what, found, stated, rows, lost))
+        for what, found, stated, deleted in wrong:
+            report.add(_count_discrepancy(entry, what, found, stated, deleted, rows, lost, removals.outside[what]))
 
 
-def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, rows, lost) -> Discrepancy:
-    """A commit's count that differs from its record, named by the partition at fault: the one with
-    offsets Kafka holds and neither table does; else (Kafka no longer holds them) every partition's
-    rows beside its range, for a reader to compare."""
+def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, deleted: int, rows, lost,
+                       outside: list[tuple[int, str]]) -> Discrepancy:
+    """A commit's count that differs from its record (less the rows recorded deletions removed),
+    named by the partition at fault: the one with offsets Kafka holds and neither table does; else
+    (Kafka no longer holds them) every partition's rows beside its range, for a reader to compare.
+    Commits of another writer that removed rows from the table are named with it."""
     record, ranges = entry.record, entry.record.partition_ranges()
+    since = f" ({deleted} of them deleted since by oncemore delete)" if deleted else ""
     said = (f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) has {found} rows in the {what} "
-            f"table, its record says {stated}")
+            f"table, its record says {stated}{since}")
+    if outside:
+        said += ("; rows were removed outside oncemore by version(s) "
+                 + ", ".join(f"{v} ({operation})" for v, operation in outside))
     at_fault = sorted(p for p, offsets in lost.items() if offsets)
     if at_fault:
         p = at_fault[0]
