@@ -168,6 +168,18 @@ def make_pipeline(tmp_path, broker):
     return make
 
 
+def allow_any_timestamp(broker, topic: str) -> None:
+    """Lets ``topic`` take records stamped at any time: Kafka 4 refuses a record stamped more than
+    an hour ahead of its clock (INVALID_TIMESTAMP) unless the topic's message.timestamp.after.max.ms
+    allows it, as a topic of far-future or mis-scaled timestamps must."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entry = ConfigEntry("message.timestamp.after.max.ms", str(2**63 - 1), incremental_operation=AlterConfigOpType.SET)
+    for done in broker.admin().incremental_alter_configs(
+            [ConfigResource("topic", topic, incremental_configs=[entry])]).values():
+        done.result(timeout=30)
+
+
 def held_positions(table_uri: str, pipeline: str, topic: str, partitions=(0, 1, 2)) -> dict[int, int | None]:
     """A pipeline's positions for one topic in a table, by partition number."""
     found = Ledger(table_uri, pipeline).positions(KafkaPartition(topic, p) for p in partitions)

@@ -20,7 +20,7 @@ from oncemore.config import OffsetBound
 from oncemore.errors import BoundStalled
 from oncemore.planner import plan_run
 
-from conftest import assert_exactly_once, by_partition, keyed, order, read_pairs
+from conftest import allow_any_timestamp, assert_exactly_once, by_partition, keyed, order, read_pairs
 
 pytestmark = pytest.mark.spark
 HOUR = 3_600_000
@@ -77,6 +77,7 @@ def test_out_of_order_records_go_with_the_range_of_the_first_record_after_the_bo
 
 def test_a_future_stamped_record_blocking_older_ones_fails_the_run_naming_them(broker, topic, make_pipeline, spark):
     year_2100 = int(datetime(2100, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    allow_any_timestamp(broker, topic)
     first = broker.produce(topic, [(0, None, order(0), BASE)])
     blocker = broker.produce(topic, [(0, None, order(1), year_2100)])
     behind = broker.produce(topic, [(0, None, order(2), BASE + 40 * 60_000), (0, None, order(3), year_2100 + 1)])

@@ -12,7 +12,7 @@ from oncemore.records import RangeRecords
 from oncemore.schema import RECORD_SCHEMA
 from oncemore.source import KafkaRangeReader, offsets_option
 
-from conftest import by_partition, keyed, orders
+from conftest import allow_any_timestamp, by_partition, keyed, orders
 
 
 def records(pipeline, partition, start, end, stall=20.0, max_bytes=None, consumer=None) -> RangeRecords:
@@ -104,6 +104,7 @@ def test_batches_end_at_the_record_reaching_either_bound_and_carry_every_field(b
     sizes = [(i * 397) % 1_300 for i in range(60)]
     stamps = [1_700_000_000_000 + i for i in range(59)] + [2**62]  # the last: no microsecond timestamp holds it
     sent = [(0, None if i % 5 == 0 else f"k{i}".encode(), bytes([97 + i % 26]) * sizes[i], stamps[i]) for i in range(60)]
+    allow_any_timestamp(broker, topic)
     headers = [("trace", b"a"), ("trace", None), ("tenant", b"t1")]
     offsets = by_partition(broker.produce(topic, sent, headers=headers))[0]
     pipeline = make_pipeline(topic)
