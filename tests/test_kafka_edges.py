@@ -186,3 +186,23 @@ def test_an_idempotent_producer_retrying_through_a_broker_crash_lands_each_recor
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), sorted(delivered))
     ids = query(pipeline.sink.table_uri, "SELECT count(DISTINCT id), count(*) FROM {table}")
     assert ids == [(30_000, 30_000)]
+
+
+def test_a_run_right_after_a_topic_grows_waits_out_its_new_leaders(broker, make_pipeline, spark):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = f"fresh_{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, 3)
+    produced = broker.produce(topic, orders(0, 300))
+    pipeline = make_pipeline(topic)
+    runner.run(pipeline, spark_factory=lambda: spark)
+    # A client of its own, which does not wait for the leaders (DevBroker's does): Kafka acknowledges
+    # new partitions before their leader serves them, and ListOffsets in between fails retriably.
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for done in admin.create_partitions([NewPartitions(topic, 60)]).values():
+        done.result(timeout=30)
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)  # planned at once
+
+    assert len(report.plan.bounds) == 60
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:  # a Spark task reading Kafka never needs the config models (p
     from .config import Pipeline
 
 _POLL_SECONDS = 0.5
+# A partition's leader is moving (a restart, an election, a partition just created): ask again. The
+# admin client's errors carry no retriable flag for these.
+_LEADER_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_LEADER_EPOCH,
+                  KafkaError.FENCED_LEADER_EPOCH, KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE}
 # How long a stalled read asks for metadata to tell an unreachable broker from records that are gone.
 _PROBE_SECONDS = 3.0
 # librdkafka's own log (connection retries, ...): through Python logging, not straight to stderr.
@@ -173,20 +177,31 @@ def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
 
 
 def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[KafkaPartition, OffsetSpec]) -> dict[KafkaPartition, int]:
-    if not specs:
-        return {}
-    request = {TopicPartition(key.topic, key.partition): spec for key, spec in specs.items()}
-    futures = admin.list_offsets(
-        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_timeout(pipeline)
-    )
-    result = {}
-    for tp, future in futures.items():
-        try:
-            result[KafkaPartition(tp.topic, tp.partition)] = future.result().offset
-        except KafkaException as exc:
-            raise KafkaSourceError(
-                f"pipeline {pipeline.name}: ListOffsets failed for {tp.topic}/{tp.partition}: {_why(admin, exc)}"
-            ) from exc
+    """The offsets ``specs`` ask for. A partition whose leader is moving (a broker restarting, a
+    partition just created: NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, which librdkafka's admin
+    client does not retry) is asked again, with fresh metadata, until the stall timeout."""
+    result: dict[KafkaPartition, int] = {}
+    deadline = time.monotonic() + _timeout(pipeline)
+    while specs:
+        request = {TopicPartition(key.topic, key.partition): spec for key, spec in specs.items()}
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_timeout(pipeline)
+        )
+        retry = {}
+        for tp, future in futures.items():
+            key = KafkaPartition(tp.topic, tp.partition)
+            try:
+                result[key] = future.result().offset
+            except KafkaException as exc:
+                if exc.args[0].code() not in _LEADER_MOVING or time.monotonic() > deadline:
+                    raise KafkaSourceError(
+                        f"pipeline {pipeline.name}: ListOffsets failed for {tp.topic}/{tp.partition}: {_why(admin, exc)}"
+                    ) from exc
+                retry[key] = specs[key]
+        specs = retry
+        if specs:
+            time.sleep(_POLL_SECONDS / 10)
+            admin.list_topics(timeout=max(0.1, deadline - time.monotonic()))  # the client asks the leaders it knows
     return result
 
 
