@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from . import faults
 from .devbroker import free_port, wait_listening
@@ -27,8 +28,12 @@ WORKER_DAEMON = "oncemore.workerdaemon"
 
 
 class ConnectServer:
-    def __init__(self, port: int, master: str, log_dir: str, fault_steps: str | None = None):
+    def __init__(self, port: int, master: str, log_dir: str, fault_steps: str | None = None,
+                 jars: Sequence[str | os.PathLike] = (), conf: Mapping[str, str] | None = None):
         self.port, self.master, self.log_dir = port, master, log_dir
+        # More jars on the server's classpath (spark-submit --jars) and Spark settings of the
+        # server's: a session of another engine's (delta-spark, devspark), kept across restarts.
+        self.jars, self.conf = [str(j) for j in jars], dict(conf or {})
         # Steps (faults.py) at which the whole server dies, its JVM and Python workers: a test's
         # server that crashes in the middle of a run's commit. Set to None before a restart.
         self.fault_steps = fault_steps
@@ -62,6 +67,8 @@ class ConnectServer:
                    # What the server records of each session's statements, for a test to read back.
                    "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir={self.event_dir}",
                    "--conf", "spark.eventLog.compress=false",
+                   *(["--jars", ",".join(self.jars)] if self.jars else []),
+                   *[part for key, value in self.conf.items() for part in ("--conf", f"{key}={value}")],
                    "spark-internal"]
         if self.fault_steps:
             # The server leads a process group of its own, which faults.reach kills: the group's
@@ -87,9 +94,11 @@ class ConnectServer:
 
 
 def start_connect_server(master: str = "local[2]", port: int | None = None, log_dir: str | None = None,
-                         fault_steps: str | None = None) -> ConnectServer:
+                         fault_steps: str | None = None, jars: Sequence[str | os.PathLike] = (),
+                         conf: Mapping[str, str] | None = None) -> ConnectServer:
     """A Connect server on 127.0.0.1 (a free port unless ``port``), accepting sessions on return;
-    ``fault_steps``: steps at which it dies whole (ConnectServer.fault_steps)."""
+    ``fault_steps``: steps at which it dies whole (ConnectServer.fault_steps); ``jars`` and ``conf``:
+    more jars for its classpath and Spark settings (devspark.start_delta_connect_server's Delta)."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-connect-")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    return ConnectServer(port or free_port(), master, log_dir, fault_steps).start()
+    return ConnectServer(port or free_port(), master, log_dir, fault_steps, jars, conf).start()

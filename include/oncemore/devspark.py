@@ -3,7 +3,9 @@ connectors), for the tests and benchmarks that play that user: the jars scripts/
 devtools/spark/pom.xml, and the session settings that turn Delta on. oncemore itself loads none
 of them.
 
-A process of its own takes them on spark-submit's command line (``submit_arguments``).
+A process holds one SparkContext: a test process whose classic session is oncemore's own reaches
+delta-spark through a Connect server started with these (``start_delta_connect_server``); a
+process of its own takes them on spark-submit's command line (``submit_arguments``).
 """
 
 from __future__ import annotations
@@ -36,3 +38,10 @@ def submit_arguments(conf: dict[str, str] | None = None) -> list[str]:
     return ["--jars", ",".join(map(str, spark_jars())),
             *[part for key, value in settings.items() for part in ("--conf", f"{key}={value}")]]
 
+
+def start_delta_connect_server(master: str = "local[2]", conf: dict[str, str] | None = None, **kwargs):
+    """A Connect server (devconnect.start_connect_server, same arguments) whose sessions have
+    delta-spark and the Kafka and Avro connectors."""
+    from .devconnect import start_connect_server
+
+    return start_connect_server(master, jars=spark_jars(), conf={**DELTA_CONF, **(conf or {})}, **kwargs)
