@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from oncemore import partcommit, runner
 from oncemore.config import OffsetBound
 from oncemore.kafka import admin_client, log_bounds
-from oncemore.commitrecord import METADATA_KEY, CommitRecord
+from oncemore.commitrecord import FORMAT_VERSION, METADATA_KEY, CommitRecord
 from oncemore.ledger import app_id, fingerprint
 from oncemore.profile import RUN_PHASES, TASK_PHASES
 
@@ -77,7 +77,7 @@ def test_commit_metadata_describes_the_batch(broker, topic, make_pipeline, spark
     (version, batch), = oncemore_commits(pipeline.sink.table_uri)
     assert [version] == report.batches[0].versions
     assert batch.pipeline == "orders" and batch.run_id == "run-42" and batch.until == "latest"
-    assert batch.batch_seq == 0 and batch.format_version == 6 and batch.oncemore_version
+    assert batch.batch_seq == 0 and batch.format_version == FORMAT_VERSION and batch.oncemore_version
     bounds = {p.partition: b for p, b in log_bounds(admin_client(pipeline), pipeline, keyed(topic, {0: 0, 1: 0, 2: 0})).items()}
     assert batch.ranges == {topic: {str(p): [0, bounds[p].latest] for p in (0, 1, 2)}}
     assert batch.records == {"written": 300, "quarantined": 0, "filtered": 0}
