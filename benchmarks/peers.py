@@ -1,0 +1,220 @@
+"""oncemore beside the peer a Spark user would write instead (benchmarks/peer_streaming.py: Structured
+Streaming, Spark's Kafka source, from_json/from_avro, a delta-spark sink, Trigger.AvailableNow), in
+one run, on the same local Apache Kafka broker, the same topics and the same cores (local[2]).
+
+    scripts/benchmark peers [--records 1000000] [--repeats 3]
+
+Every figure is a whole process, start to exit, as a scheduler starts each (`oncemore run` and
+`spark-submit`), or on a resident Spark (a Spark Connect server with the peer's jars, both
+connecting as clients), the median of ``repeats`` turns taken in alternation:
+- a cold run of 100 records into a new table;
+- a warm run of 100 records on the Connect server (after a run that warmed it);
+- the bulk marginal rate for flat JSON of about 200 B, nested JSON and Avro (Confluent's wire
+  format, a local schema registry): the same records as two topics, half of them and all of them,
+  into new tables, so the fixed costs of a run cancel: (all - half) / (time(all) - time(half));
+- the rerun with nothing new;
+- the peak memory of the whole process tree (JVMs and Python workers) during a bulk run.
+Figures, not verdicts: the ratio is oncemore's time over the peer's (its rate over the peer's for
+rates); below 1 (above, for rates) oncemore is ahead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyspark
+import yaml
+
+from oncemore import devbroker, devspark
+from oncemore.devregistry import start_registry
+from throughput import AVRO_SCHEMA, FLAT, NESTED, framed_records, make_records, nested_records
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 4
+SPARK_SUBMIT = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+
+
+class Tree(threading.Thread):
+    """The peak summed RSS of a process and its descendants, sampled while it runs."""
+
+    def __init__(self, process: subprocess.Popen):
+        super().__init__(daemon=True)
+        self.root, self.peak = psutil.Process(process.pid), 0
+        self.start()
+
+    def run(self):
+        while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
+            total = 0
+            for process in [self.root, *self.root.children(recursive=True)]:
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:  # ended while looked at
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.05)
+
+
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Seconds from start to exit, and the process tree's peak RSS; fails on a non-zero exit."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tree = Tree(process)
+    out, err = process.communicate()
+    seconds = time.perf_counter() - started
+    tree.join()
+    if process.returncode:
+        raise RuntimeError(f"{command[:4]} exited {process.returncode}: {(out + err)[-3000:]}")
+    return seconds, tree.peak
+
+
+class Bench:
+    """The broker, the registry, the work directory, and how each tool is run on a topic."""
+
+    def __init__(self, broker, registry, work: Path):
+        self.broker, self.registry, self.work = broker, registry, work
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT / "include"), "ONCEMORE_SPARK_MASTER": "local[2]"}
+        self.env.pop("SPARK_REMOTE", None)
+        self.runs = 0
+
+    def fresh(self, name: str) -> Path:
+        self.runs += 1
+        return self.work / f"{name}-{self.runs}"
+
+    def oncemore(self, topic: str, fmt: dict, table: Path, remote: str | None = None) -> list[str]:
+        config = table.with_suffix(".yaml")
+        if not config.exists():
+            config.write_text(yaml.safe_dump({
+                "name": "peers", "format": fmt, "key": {"type": "string"},
+                "source": {"bootstrap_servers": self.broker.bootstrap_servers, "topic": topic},
+                "sink": {"table_uri": str(table), "quarantine_uri": f"{table}_quarantine"},
+                "limits": {"max_records_per_commit": 10_000_000, "max_records_per_partition": 10_000_000}}))
+        return [sys.executable, "-m", "oncemore.cli", "run", "--config", str(config),
+                *(["--remote", remote] if remote else [])]
+
+    def peer(self, topic: str, fmt: dict, table: Path, remote: str | None = None) -> list[str]:
+        shape = (["--ddl", fmt["schema"]] if fmt["type"] == "json" else ["--avro-schema", json.dumps(AVRO_SCHEMA)])
+        job = [str(ROOT / "benchmarks" / "peer_streaming.py"), "--bootstrap", self.broker.bootstrap_servers,
+               "--topic", topic, "--table", str(table), "--checkpoint", f"{table}_checkpoint", *shape]
+        if remote:
+            return [sys.executable, *job, "--remote", remote]
+        return [SPARK_SUBMIT, "--master", "local[2]", *devspark.submit_arguments({"spark.ui.enabled": "false"}), *job]
+
+
+def turns(repeats: int, runs: dict[str, callable]) -> dict[str, list[tuple[float, int]]]:
+    """Each of ``runs`` ``repeats`` times, in alternation: a drift of the machine reaches all alike."""
+    found = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            found[name].append(run())
+    return found
+
+
+def median(samples: list[tuple[float, int]]) -> float:
+    return statistics.median(s for s, _ in samples)
+
+
+def row(what: str, ours: float, theirs: float, unit: str = "s", higher_is_better: bool = False) -> None:
+    ratio = ours / theirs if theirs else float("nan")
+    ahead = (ratio > 1) if higher_is_better else (ratio < 1)
+    print(f"| {what} | {ours:,.2f} {unit} | {theirs:,.2f} {unit} | {ratio:.2f} x | {'oncemore' if ahead else 'peer'} |",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    n, repeats = args.records, args.repeats
+    work = Path(tempfile.mkdtemp(prefix="oncemore-peers-"))
+    broker, registry = devbroker.start_kafka(), start_registry()
+    server = None
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        bench = Bench(broker, registry, work)
+        avro_fmt = {"type": "avro", "schema_registry": registry.settings()}
+        serializer = AvroSerializer(SchemaRegistryClient(registry.settings()), json.dumps(AVRO_SCHEMA))
+        produced = {"flat": lambda count, topic: make_records(count, PARTITIONS),
+                    "nested": lambda count, topic: nested_records(count, PARTITIONS),
+                    "avro": lambda count, topic: framed_records(  # the subject is the topic's: <topic>-value
+                        lambda value: serializer(value, SerializationContext(topic, MessageField.VALUE)),
+                        count, PARTITIONS)}
+        formats = {"flat": FLAT, "nested": NESTED, "avro": avro_fmt}
+        print(f"oncemore vs Structured Streaming + delta-spark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
+              f"local[2], Apache Kafka on this machine, {n:,} records a bulk run, median of {repeats}", flush=True)
+        print("\n| what | oncemore | peer | ratio | ahead |\n|---|---|---|---|---|")
+
+        broker.create_topic("small", PARTITIONS)
+        broker.produce("small", make_records(100, PARTITIONS))
+        cold_tables = {"oncemore": [], "peer": []}
+
+        def cold(tool: str):
+            cold_tables[tool].append(bench.fresh(f"cold-{tool}"))
+            return timed(getattr(bench, tool)("small", FLAT, cold_tables[tool][-1]), bench.env)
+
+        colds = turns(repeats, {"oncemore": lambda: cold("oncemore"), "peer": lambda: cold("peer")})
+        row("cold run, 100 records, process start to exit", median(colds["oncemore"]), median(colds["peer"]))
+
+        noop = turns(repeats, {tool: (lambda tool=tool: timed(getattr(bench, tool)("small", FLAT, cold_tables[tool][0]),
+                                                              bench.env)) for tool in cold_tables})
+        row("rerun with nothing new", median(noop["oncemore"]), median(noop["peer"]))
+
+        server = devspark.start_delta_connect_server("local[2]", log_dir=str(work / "connect"))
+        broker.create_topic("warm", PARTITIONS)
+        warm_tables = {"oncemore": bench.fresh("warm"), "peer": bench.fresh("warm-peer")}
+
+        def warm(tool: str):
+            broker.produce("warm", make_records(100, PARTITIONS))
+            command = getattr(bench, tool)("warm", FLAT, warm_tables[tool], remote=server.url)
+            timed(command, bench.env)  # the warm-up: this tool's first run in the server, and the records it reads
+            broker.produce("warm", make_records(100, PARTITIONS))
+            return timed(command, bench.env)
+
+        warmed = turns(repeats, {"oncemore": lambda: warm("oncemore"), "peer": lambda: warm("peer")})
+        row("warm run, 100 records, on a Spark Connect server", median(warmed["oncemore"]), median(warmed["peer"]))
+        server.stop()
+        server = None
+
+        memory = {"oncemore": 0, "peer": 0}
+        for name, fmt in formats.items():
+            sizes = {"half": n // 2, "all": n}
+            for size, count in sizes.items():
+                topic = f"{name}_{size}"
+                broker.create_topic(topic, PARTITIONS)
+                broker.produce(topic, produced[name](count, topic))
+            found = turns(repeats, {
+                f"{tool} {size}": (lambda tool=tool, size=size: timed(
+                    getattr(bench, tool)(f"{name}_{size}", fmt, bench.fresh(f"{name}-{size}-{tool}")), bench.env))
+                for tool in ("oncemore", "peer") for size in sizes})
+            rates = {tool: (n - n // 2) / (median(found[f"{tool} all"]) - median(found[f"{tool} half"]))
+                     for tool in ("oncemore", "peer")}
+            row(f"bulk marginal rate, {name} JSON" if name != "avro" else "bulk marginal rate, Avro (registry)",
+                rates["oncemore"], rates["peer"], "rec/s", higher_is_better=True)
+            for tool in memory:
+                memory[tool] = max([memory[tool]] + [peak for _, peak in found[f"{tool} all"]])
+        row(f"peak memory of a bulk run ({n:,} records), process tree", memory["oncemore"] / 2**20,
+            memory["peer"] / 2**20, "MiB")
+    finally:
+        if server is not None:
+            server.stop()
+        registry.stop()
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
