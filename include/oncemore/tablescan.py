@@ -7,8 +7,9 @@ and row group by row group, through the same pyarrow filesystems the writers use
 The files are what the tables' snapshots list (delta-rs on the driver), so compaction and vacuum
 change which files are read, never which rows.
 
-Options: ``files`` (per Spark task, a list of [quarantine, table root, path, partition values]:
-a ``_kafka_*`` column the table is partitioned by is in the path, not the file), ``coverage``
+Options: ``files`` (per Spark task, a list of [quarantine, table root, path, partition values,
+deleted rows]: a ``_kafka_*`` column the table is partitioned by is in the path, not the file; the
+positions of the rows a deletion vector deletes are skipped), ``coverage``
 (Coverage as JSON), ``storage.<KEY>`` the storage settings (one option each, so Spark redacts).
 """
 
@@ -70,7 +71,7 @@ class Coverage:
 
 
 class CoordinatesPartition(InputPartition):
-    def __init__(self, files: list[tuple[bool, str, str, dict]]):
+    def __init__(self, files: list[tuple[bool, str, str, dict, list[int]]]):
         super().__init__(files)
         self.files = files
 
@@ -99,6 +100,7 @@ class CoordinatesReader(DataSourceReader):
     def read(self, task: CoordinatesPartition | None) -> Iterator:
         if task is None:
             return
+        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -107,13 +109,19 @@ class CoordinatesReader(DataSourceReader):
 
         coverage = Coverage.from_json(self.coverage_json)
         types = {TOPIC_COLUMN: pa.string(), PARTITION_COLUMN: pa.int32(), OFFSET_COLUMN: pa.int64()}
-        for quarantine, root, path, partition_values in task.files:
+        for quarantine, root, path, partition_values, deleted in task.files:
             fs, base = filesystem(root, self.storage)
             in_file = [c for c in types if c not in partition_values]
+            deleted, first = np.asarray(deleted, dtype=np.int64), 0
             with fs.open_input_file(f"{base}/{path}") as handle:
                 for batch in pq.ParquetFile(handle).iter_batches(columns=in_file, batch_size=1 << 17):
                     # Other writers' files may hold other encodings (delta-rs writes string_view).
                     table = pa.table({c: batch.column(c).cast(types[c]) for c in in_file})
+                    if deleted.size:  # rows a deletion vector deletes, by their position in the file
+                        keep = np.ones(table.num_rows, dtype=bool)
+                        keep[deleted[(deleted >= first) & (deleted < first + table.num_rows)] - first] = False
+                        first += table.num_rows
+                        table = table.filter(pa.array(keep))
                     for column, text in partition_values.items():
                         if column in types:
                             table = table.append_column(column, pa.array([text] * len(table)).cast(types[column]))

@@ -273,19 +273,30 @@ def _coverage(history: list[CommitEntry], held, whole_log: bool, topics: set[str
     return pieces, Coverage(partitions, tuple(sorted(topics)), whole_log)
 
 
-def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, int]]:
+def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, list[int], int]]:
     """The snapshot's files as (quarantine, table root, path, its ``_kafka_*`` partition values as
-    text, size)."""
+    text, the positions of its rows a deletion vector deletes, size)."""
     import pyarrow as pa
+    from urllib.parse import unquote
 
-    if pa.table(table.deletion_vectors()).num_rows:
-        raise OncemoreError(f"{table_uri}: files with deletion vectors (rows deleted by another engine): oncemore "
-                            "verify reads Parquet files whole and cannot tell which rows are deleted")
+    # Rows deleted by another engine's deletion vectors (delta-spark's DELETE, with the feature on)
+    # are gone from the table though their files stay: they are skipped by position, never read.
+    vectors = pa.table(table.deletion_vectors()).to_pydict()
+    deleted = {unquote(uri): [i for i, keep in enumerate(mask) if not keep]
+               for uri, mask in zip(vectors.get("filepath", []), vectors.get("selection_vector", []))}
     actions = pa.table(table.get_add_actions(flatten=False)).to_pydict()
     values = actions.get("partition") or [None] * len(actions["path"])
-    return [(quarantine, table_uri, path,
-             {k: None if v is None else str(v) for k, v in (parts or {}).items() if k.startswith("_kafka_")}, size)
-            for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
+    found = [(quarantine, table_uri, path,
+              {k: None if v is None else str(v) for k, v in (parts or {}).items() if k.startswith("_kafka_")},
+              [], size)
+             for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
+    for uri, rows in deleted.items():
+        matching = [f for f in found if uri.endswith("/" + unquote(f[2]).lstrip("/"))]
+        if len(matching) != 1:
+            raise OncemoreError(f"{table_uri}: a deletion vector of {uri} matches {len(matching)} of the snapshot's "
+                                "files: verify cannot tell which rows are deleted")
+        matching[0][4].extend(rows)
+    return found
 
 
 def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
@@ -437,14 +448,14 @@ def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, _Piece], 
     return found
 
 
-def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict]]]:
+def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict, list[int]]]]:
     """The files in about as many tasks as slots, or TASK_BYTES each, whichever is more, by size."""
-    total = sum(f[4] for f in files)
+    total = sum(f[5] for f in files)
     count = min(len(files), max(slots, -(-total // TASK_BYTES)))
     tasks: list[list] = [[] for _ in range(count)]
     load = [0] * count
-    for quarantine, root, path, values, size in sorted(files, key=lambda f: -f[4]):
+    for quarantine, root, path, values, deleted, size in sorted(files, key=lambda f: -f[5]):
         lightest = load.index(min(load))
-        tasks[lightest].append((quarantine, root, path, values))
+        tasks[lightest].append((quarantine, root, path, values, deleted))
         load[lightest] += size
     return [t for t in tasks if t]
