@@ -20,7 +20,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
-from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned
+from .errors import CommitConflict, CommitNotFound, InvalidDataFile, TableOwned, UnsupportedTable
 from .commitrecord import METADATA_KEY, CommitRecord
 from .coordinates import KafkaPartition
 from .ledger import Ledger, fingerprint
@@ -115,6 +115,7 @@ def commit(
         mine = ledger.find_commit(record, read_version, latest)
         if mine is not None:
             return CommitOutcome("committed", mine)
+        refused_for_features(ledger, exc)
         current = ledger.positions(new_positions, latest)
         if _reached(current, new_positions):
             return CommitOutcome("lost_race", None)
@@ -160,11 +161,20 @@ def commit_positions(ledger: Ledger, positions: Mapping[KafkaPartition, int], re
         mine = ledger.find_commit(record, read_version, ledger.snapshot())
         if mine is not None:  # delta-rs's retry of a commit that had landed conflicted with it
             return mine
+        refused_for_features(ledger, exc)
         raise CommitConflict(
             f"{ledger.table_uri}: a concurrent commit of pipeline {ledger.pipeline} landed while the reset was "
             f"committing; nothing was committed: run the reset again ({exc})", table_uri=ledger.table_uri,
             attempted=True) from exc
     return _version_of(ledger, record, read_version)
+
+
+def refused_for_features(ledger: Ledger, exc: CommitFailedError) -> None:
+    """UnsupportedTable when delta-rs refused a commit for the table's features (another writer
+    turned one on after the run checked the table), not for a concurrent commit."""
+    if "nsupported table feature" in str(exc):
+        raise UnsupportedTable(f"table {ledger.table_uri}: {str(exc).strip().splitlines()[0]}; nothing was committed",
+                               table_uri=ledger.table_uri) from exc
 
 
 def check_owner_at_commit(ledger: Ledger, table: DeltaTable, topics: Iterable[str]) -> None:

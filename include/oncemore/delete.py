@@ -41,6 +41,11 @@ def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, A
     dialect), each table in a commit of its own recording the offsets removed; ``dry_run``: what
     would be removed, nothing committed."""
     run_id = f"oncemore-delete-{uuid.uuid4().hex[:12]}"
+    for uri in (pipeline.sink.table_uri, pipeline.sink.quarantine_uri):  # refused before either table is touched
+        table = open_table(uri, pipeline.sink.storage_options)
+        if table is not None and table.metadata().configuration.get("delta.appendOnly", "false").lower() == "true":
+            raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r}: table {uri} is append-only "
+                                "(delta.appendOnly): nothing was deleted", pipeline=pipeline.name, table_uri=uri)
     tables = {}
     for role, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
         tables[role] = _delete(pipeline, role, uri, where, run_id, dry_run)
@@ -77,9 +82,14 @@ def _delete(pipeline: Pipeline, role: str, uri: str, where: str, run_id: str, dr
         try:
             table.delete(f"({where}) AND ({_pinned(spans)})",
                          commit_properties=CommitProperties(custom_metadata={METADATA_KEY: record.to_json()}))
-        except CommitFailedError:  # a concurrent commit rewrote files ours read: nothing of ours landed
+        except CommitFailedError as exc:  # nothing of ours landed
+            read_version = table.version()
             table.update_incremental()
-            continue
+            if table.version() > read_version:  # a concurrent commit rewrote files ours read: again
+                continue
+            raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: "
+                                f"{str(exc).strip().splitlines()[0]}; nothing was deleted from it",
+                                pipeline=pipeline.name, table_uri=uri) from None
         return {"table_uri": uri, "status": "deleted", "rows": matched.num_rows, "version": table.version(),
                 "offsets": offsets}
     raise CommitConflict(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: concurrent commits refused it "

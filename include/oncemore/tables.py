@@ -35,13 +35,21 @@ from .storage import location_problem, table_location
 log = logging.getLogger("oncemore")
 
 
-# Writer features that appending files with add actions honours as it is. Any other feature asks
-# writers for work oncemore does not do (row IDs, column mapping, v2 checkpoints, Iceberg metadata).
+# Writer features that appending files with add actions honours as it is (delta-rs writes V2-spec
+# checkpoints, with checkpointMetadata, on a v2Checkpoint table). Any other feature asks writers for
+# work oncemore does not do (row IDs, column mapping, clustering, commit timestamps, Iceberg metadata).
 HONOURED_WRITER_FEATURES = frozenset({
     "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
+    "v2Checkpoint",
     # Harmless while no column or table uses them; check_writable looks at the table itself.
     "invariants", "checkConstraints", "generatedColumns", "identityColumns",
 })
+
+
+# What users call the writer features oncemore refuses, as delta-spark's documentation names them.
+FEATURE_NAMES = {"clustering": "liquid clustering", "columnMapping": "column mapping", "rowTracking": "row tracking",
+                 "inCommitTimestamp": "in-commit timestamps", "icebergCompatV1": "UniForm (Iceberg)",
+                 "icebergCompatV2": "UniForm (Iceberg)", "typeWidening": "type widening"}
 
 
 def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
@@ -68,6 +76,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
         else:
             if unseen:
                 _add_columns(table, [f for f in columns if f.name in unseen])
+    _declare_invariants(table, location, options)
     check_writable(table, table_uri)
     check_partitioning(table, table_uri, partition_by)
     for attempt in range(2):
@@ -78,6 +87,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
         changed = {f.name for f in merged.fields} - {f.name for f in current.fields if f in merged.fields}
         try:
             _add_columns(table, [f for f in merged.fields if f.name in changed])
+            _declare_invariants(table, location, options)  # the columns may have raised its protocol to 7
             log.info("table %s: added %s", table_uri, ", ".join(added))
             return arrow_schema(merged)
         except Exception:
@@ -94,6 +104,23 @@ def _add_columns(table: DeltaTable, fields: list[StructField]) -> None:
             and any(_holds_timestamp_ntz(f.dataType) for f in fields)):
         table.alter.add_feature(TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True)
     table.alter.add_columns(Schema.from_json(StructType(fields).json()).fields)
+
+
+def _declare_invariants(table: DeltaTable, location: str, options: Mapping[str, str] | None) -> None:
+    """Lists the invariants writer feature on a table of writer version 7 that lacks it: delta-spark
+    takes every NOT NULL column (the ``_kafka_*`` ones) for an invariant and refuses to read such a
+    table unless the protocol lists the feature (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH), and
+    delta-rs, creating a table with a TIMESTAMP_NTZ column at version 7, lists only timestampNtz.
+    Older versions imply the feature. Another run listing it first is as good."""
+    protocol = table.protocol()
+    if protocol.min_writer_version < 7 or "invariants" in (protocol.writer_features or ()):
+        return
+    try:
+        table.alter.add_feature(TableFeatures.Invariants)
+    except Exception:
+        table = open_table(location, options)
+        if "invariants" not in (table.protocol().writer_features or ()):
+            raise
 
 
 def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map: bool = False) -> bool:
@@ -122,19 +149,28 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: no table can be created there: {problem}; "
                                      "nothing was created", pipeline=pipeline.name, key=key, table_uri=uri)
 
-    def ready(key: str, uri: str, *arguments) -> pa.Schema:
+    def ready(key: str, uri: str, action, *arguments):
         try:
-            return ensure_table(uri, *arguments)
+            return action(uri, *arguments)
         except (OncemoreError, SchemaError):
             raise
         except Exception as exc:  # the store refused (permissions, a bucket's policy): name pipeline and key
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {root_cause(exc)}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
-    ready("sink.quarantine_uri", sink.quarantine_uri, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
+    # A main table another writer made refuses before the quarantine table is created beside it.
+    ready("sink.table_uri", sink.table_uri, check_existing, options)
+    ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
           f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options)
-    return ready("sink.table_uri", sink.table_uri, schema, sink.partition_by, pipeline.name,
+    return ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
                  f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution)
+
+
+def check_existing(table_uri: str, storage_options: Mapping[str, str] | None) -> None:
+    """check_writable on the table at ``table_uri``, if there is one."""
+    table = open_table(table_location(table_uri), storage_options)
+    if table is not None:
+        check_writable(table, table_uri)
 
 
 def check_partitioning(table: DeltaTable, table_uri: str, partition_by: Iterable[str]) -> None:
@@ -161,9 +197,11 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
         asks += [f"generated column {field['name']}"] if "delta.generationExpression" in metadata else []
         asks += [f"identity column {field['name']}"] if any(k.startswith("delta.identity.") for k in metadata) else []
     mode = configuration.get("delta.columnMapping.mode", "none")
-    asks += [f"column mapping mode {mode}"] if mode != "none" else []
-    unknown = sorted(set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES)
-    asks += [f"writer feature {feature}" for feature in unknown]
+    asks += [f"column mapping (mode {mode})"] if mode != "none" else []
+    unknown = set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES
+    unknown -= {"columnMapping"} if mode != "none" else set()  # named once, with its mode
+    asks += [f"{FEATURE_NAMES[f]} (writer feature {f})" if f in FEATURE_NAMES else f"writer feature {f}"
+             for f in sorted(unknown)]
     if asks:
         raise UnsupportedTable(
             f"table {table_uri} asks its writers for what oncemore does not do: {'; '.join(asks)}. Nothing was "
