@@ -5,11 +5,13 @@ Apicurio Registry (a JVM of its own, reached over HTTP), decoded by AvroDecoder 
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import pickle
 import uuid
 from decimal import Decimal
 
+import fastavro
 import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -395,3 +397,39 @@ def test_a_map_of_local_timestamps_makes_a_table_and_a_column(tmp_path):
         write_deltalake(path, rows, mode="append")
         assert "timestampNtz" in DeltaTable(path).protocol().reader_features
         assert DeltaTable(path).to_pyarrow_table().to_pylist() == rows.to_pylist()
+
+
+class _Registry:
+    """Writer schemas by ID, as AvroDecoder asks a registry (schemas without references)."""
+
+    url = "in-memory"
+
+    def __init__(self, schemas: dict):
+        self.schemas = {i: Schema(json.dumps(s), "AVRO") for i, s in schemas.items()}
+
+    def schema(self, schema_id: int, fmt=None) -> Schema:
+        return self.schemas[schema_id]
+
+
+def framed_records(schema: dict, records: list, schema_id: int = 1) -> pa.Array:
+    bodies = []
+    for value in records:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
+        bodies.append(b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue())
+    return pa.array(bodies, pa.binary())
+
+
+def test_decimals_of_38_digits_are_read_whole():
+    # Python's decimal context holds 28 digits: abs() of a 38-digit value rounded it up past the precision.
+    schema = {"type": "record", "name": "D", "fields": [
+        {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 10}}]}
+    values = [Decimal("9" * 28 + "." + "9" * 10), Decimal("-" + "9" * 28 + "." + "9" * 10), Decimal("1E-10")]
+    decoded = AvroDecoder(_Registry({1: schema}), _Registry({1: schema}).schema(1)).decode(
+        framed_records(schema, [{"d": v} for v in values]))
+    assert decoded.errors == {}
+    assert decoded.table.column("d").to_pylist() == values
+    too_big = framed_records({**schema, "fields": [{"name": "d", "type": {**schema["fields"][0]["type"], "precision": 39}}]},
+                             [{"d": Decimal("1" + "0" * 28)}])
+    errors = AvroDecoder(_Registry({1: schema}), _Registry({1: schema}).schema(1)).decode(too_big).errors
+    assert list(errors) == [0] and errors[0].endswith("does not fit DECIMAL(38,10)")  # 29 integer digits

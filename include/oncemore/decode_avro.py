@@ -185,7 +185,7 @@ def _converter(schema: AvroSchema, avro: Any, path: str, tagged: bool, records: 
         limit = Decimal(10) ** (avro["precision"] - avro.get("scale", 0))
 
         def decimal(v):
-            if abs(v) >= limit:
+            if v.copy_abs() >= limit:  # abs() would round to the context's 28 digits: 38 nines to 1E+28
                 raise _Unfit(f"field {where}: {v} does not fit DECIMAL({avro['precision']},{avro.get('scale', 0)})")
             return v
 
