@@ -433,3 +433,28 @@ def test_decimals_of_38_digits_are_read_whole():
                              [{"d": Decimal("1" + "0" * 28)}])
     errors = AvroDecoder(_Registry({1: schema}), _Registry({1: schema}).schema(1)).decode(too_big).errors
     assert list(errors) == [0] and errors[0].endswith("does not fit DECIMAL(38,10)")  # 29 integer digits
+
+
+def test_defaults_of_bytes_fixed_and_decimals_are_read_as_avro_writes_them_in_json():
+    # A reader's default for bytes, fixed and decimals is JSON text of code points 0-255; fastavro
+    # hands it over as that text (a decimal's failed its check, bytes became their UTF-8).
+    writer = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}]}
+    money = {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2}
+    four = {"type": "fixed", "name": "Four", "size": 4}
+    reader = {"type": "record", "name": "R", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "raw", "type": "bytes", "default": "\u00ff\u0000A"},
+        {"name": "four", "type": four, "default": "\u0001\u00e9\u0000\u00ff"},
+        {"name": "money", "type": money, "default": "\u00fb\u002e"},  # -1234 at scale 2
+        {"name": "cents", "type": {"type": "fixed", "name": "Cents", "size": 2, "logicalType": "decimal",
+                                   "precision": 4, "scale": 2}, "default": "\u0004\u00d2"},
+        {"name": "maybe", "type": ["bytes", "null"], "default": "\u0080"},
+        {"name": "inner", "type": {"type": "record", "name": "Inner", "fields": [
+            {"name": "blobs", "type": {"type": "array", "items": "bytes"}}, {"name": "f", "type": "Four"}]},
+         "default": {"blobs": ["\u00e9"], "f": "abcd"}}]}
+    registry = _Registry({1: writer, 2: reader})
+    decoded = AvroDecoder(registry, registry.schema(2)).decode(framed_records(writer, [{"id": 7}]))
+    assert decoded.errors == {}
+    assert decoded.table.to_pylist() == [{
+        "id": 7, "raw": b"\xff\x00A", "four": b"\x01\xe9\x00\xff", "money": Decimal("-12.34"),
+        "cents": Decimal("12.34"), "maybe": b"\x80", "inner": {"blobs": [b"\xe9"], "f": b"abcd"}}]

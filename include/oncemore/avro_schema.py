@@ -70,6 +70,7 @@ class AvroSchema:
             raw = json.loads(text)
             self.logical = fastavro.parse_schema(raw, self.named)
             self.readable = fastavro.parse_schema(_strip_raw_logical(raw), readable_named)
+            _defaults_as_read(self.readable, readable_named, set())
         except Exception as exc:
             raise SchemaError(f"not a valid Avro schema: {exc}") from None
         self.identity = json.dumps([json.loads(t) for t in (text, *references)], sort_keys=True)
@@ -97,6 +98,44 @@ class AvroSchema:
     def resolve(self, schema: Any) -> Any:
         """``schema`` with a named type's name replaced by its definition."""
         return self.named.get(schema, schema) if isinstance(schema, str) else schema
+
+
+def _defaults_as_read(schema: Any, named: dict, seen: set) -> None:
+    """Record fields' defaults in a parsed schema made the values fastavro reads for their types:
+    fastavro hands a default over as the schema's JSON has it, and JSON writes bytes, fixed and
+    decimals as text of code points 0-255 (Avro's rule), not as bytes or Decimal."""
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    if isinstance(schema, list):
+        for member in schema:
+            _defaults_as_read(member, named, seen)
+    elif isinstance(schema, dict) and schema["type"] == "record" and schema["name"] not in seen:
+        seen.add(schema["name"])
+        for f in schema["fields"]:
+            if "default" in f:
+                f["default"] = _default_as_read(f["type"], f["default"], named)
+            _defaults_as_read(f["type"], named, seen)
+    elif isinstance(schema, dict) and schema["type"] in ("array", "map"):
+        _defaults_as_read(schema["items" if schema["type"] == "array" else "values"], named, seen)
+
+
+def _default_as_read(schema: Any, value: Any, named: dict) -> Any:
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    if isinstance(schema, list):  # a union's default is of its first branch
+        return _default_as_read(schema[0], value, named) if schema else value
+    kind = kind_of(schema)
+    if kind in ("bytes", "fixed") and isinstance(value, str):
+        raw = value.encode("latin-1")
+        if logical_of(schema) == "decimal":
+            return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-schema.get("scale", 0))
+        return raw
+    if kind == "record" and isinstance(value, dict):
+        types = {f["name"]: f["type"] for f in schema["fields"]}
+        return {k: _default_as_read(types[k], v, named) if k in types else v for k, v in value.items()}
+    if kind == "array" and isinstance(value, list):
+        return [_default_as_read(schema["items"], v, named) for v in value]
+    if kind == "map" and isinstance(value, dict):
+        return {k: _default_as_read(schema["values"], v, named) for k, v in value.items()}
+    return value
 
 
 def avro_to_arrow(schema: str | dict | list) -> pa.Schema:
