@@ -458,3 +458,22 @@ def test_defaults_of_bytes_fixed_and_decimals_are_read_as_avro_writes_them_in_js
     assert decoded.table.to_pylist() == [{
         "id": 7, "raw": b"\xff\x00A", "four": b"\x01\xe9\x00\xff", "money": Decimal("-12.34"),
         "cents": Decimal("12.34"), "maybe": b"\x80", "inner": {"blobs": [b"\xe9"], "f": b"abcd"}}]
+
+
+def test_an_enum_index_that_is_negative_is_an_error_not_the_last_symbol():
+    # Only garbage bytes hold one; fastavro indexed the symbols' list with it, from the end.
+    suit = {"type": "enum", "name": "Suit", "symbols": ["HEARTS", "SPADES"]}
+    schema = {"type": "record", "name": "E", "fields": [{"name": "e", "type": suit}, {"name": "again", "type": "Suit"}]}
+    registry = _Registry({1: schema})
+    # zigzag: 0 is index 0, 2 is 1, 1 is -1, 4 is 2.
+    decoded = AvroDecoder(registry, registry.schema(1)).decode(pa.array(
+        [b"\x00\x00\x00\x00\x01" + body for body in (b"\x00\x02", b"\x01\x00", b"\x00\x01", b"\x04\x00")], pa.binary()))
+    assert decoded.table.column("e").to_pylist()[0] == "HEARTS" and decoded.table.column("again").to_pylist()[0] == "SPADES"
+    assert sorted(decoded.errors) == [1, 2, 3]
+    assert "enum index -1 is negative" in decoded.errors[1] and "enum index -1 is negative" in decoded.errors[2]
+    reader = {"type": "record", "name": "E", "fields": [
+        {"name": "e", "type": {**suit, "symbols": ["HEARTS", "SPADES", "CLUBS"]}}, {"name": "again", "type": "Suit"}]}
+    registry = _Registry({1: schema, 2: reader})
+    decoded = AvroDecoder(registry, registry.schema(2)).decode(pa.array(
+        [b"\x00\x00\x00\x00\x01" + body for body in (b"\x02\x00", b"\x01\x00")], pa.binary()))
+    assert decoded.table.column("e").to_pylist()[0] == "SPADES" and list(decoded.errors) == [1]

@@ -71,6 +71,7 @@ class AvroSchema:
             self.logical = fastavro.parse_schema(raw, self.named)
             self.readable = fastavro.parse_schema(_strip_raw_logical(raw), readable_named)
             _defaults_as_read(self.readable, readable_named, set())
+            _guard_enum_indexes([self.readable, readable_named], set())
         except Exception as exc:
             raise SchemaError(f"not a valid Avro schema: {exc}") from None
         self.identity = json.dumps([json.loads(t) for t in (text, *references)], sort_keys=True)
@@ -98,6 +99,45 @@ class AvroSchema:
     def resolve(self, schema: Any) -> Any:
         """``schema`` with a named type's name replaced by its definition."""
         return self.named.get(schema, schema) if isinstance(schema, str) else schema
+
+
+class _Symbols:
+    """An enum's symbols as fastavro reads them, refusing a negative index (which only garbage bytes
+    hold). fastavro takes ``symbols[index]``: a list would give a symbol counted from the end, and
+    its compiled reader wraps a negative index around any sequence that has a length, so this one
+    has none."""
+
+    def __init__(self, symbols: list[str]):
+        self._symbols = list(symbols)
+
+    def __getitem__(self, index: int) -> str:
+        if index < 0:
+            raise IndexError(f"enum index {index} is negative")
+        return self._symbols[index]
+
+    def __contains__(self, symbol: object) -> bool:
+        return symbol in self._symbols
+
+    def __iter__(self):
+        return iter(self._symbols)
+
+    def __repr__(self) -> str:
+        return repr(self._symbols)
+
+
+def _guard_enum_indexes(parsed: Any, seen: set) -> None:
+    """Every enum's symbols in fastavro's parsed schemas (inline and named) as ``_Symbols``."""
+    if id(parsed) in seen:
+        return
+    seen.add(id(parsed))
+    if isinstance(parsed, dict):
+        if parsed.get("type") == "enum" and isinstance(parsed.get("symbols"), list):
+            parsed["symbols"] = _Symbols(parsed["symbols"])
+        for value in parsed.values():
+            _guard_enum_indexes(value, seen)
+    elif isinstance(parsed, list):
+        for value in parsed:
+            _guard_enum_indexes(value, seen)
 
 
 def _defaults_as_read(schema: Any, named: dict, seen: set) -> None:
