@@ -112,6 +112,18 @@ def connect_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def delta_server(tmp_path_factory):
+    """A Spark Connect server with the Spark packages a Spark user adds (oncemore.devspark: delta-spark,
+    spark-avro, the Kafka source), on one core, for the worker's modules that play a Spark user."""
+    from oncemore.devspark import start_delta_connect_server
+
+    server = start_delta_connect_server("local[1]", log_dir=str(tmp_path_factory.mktemp("delta-connect")),
+                                        conf={"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def connect_session(connect_server):
     """``connect_session()`` opens a session on the Connect server. PySpark marks a process that

@@ -368,16 +368,9 @@ class Outcome:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, Outcome]:
-    """Every case decoded by oncemore and, in one query on a Connect server of the module's, by Spark."""
-    from oncemore.devspark import start_delta_connect_server
-
-    server = start_delta_connect_server("local[1]", log_dir=str(tmp_path_factory.mktemp("reference-connect")),
-                                        conf={"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "1"})
-    try:
-        yield decode_corpus(server.url)
-    finally:
-        server.stop()
+def outcomes(delta_server) -> dict[str, Outcome]:
+    """Every case decoded by oncemore and, in one query on the Connect server with spark-avro, by Spark."""
+    return decode_corpus(delta_server.url)
 
 
 def decode_corpus(url: str) -> dict[str, Outcome]:
