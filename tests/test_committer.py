@@ -197,3 +197,19 @@ def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, 
     assert report.status == "committed" and report.written == 60
     assert mirrored == [(keyed(topic, {0: 20, 1: 20, 2: 20}), report.batches[0].versions[0])]
     assert read_pairs(pipeline.sink.table_uri) == sorted(produced)
+
+
+def test_a_feature_turned_on_after_the_run_checked_the_table_fails_its_commit_as_unsupported(tmp_path):
+    ledger = race_table(tmp_path)
+    files = written(tmp_path / "t", [0, 1, 2])
+    # Another writer turns row tracking on between the run's check of the table and its commit.
+    DeltaTable(ledger.table_uri).alter.add_feature(TableFeatures.RowTracking, allow_protocol_versions_increase=True)
+    version = DeltaTable(ledger.table_uri).version()
+    record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}})
+
+    with pytest.raises(UnsupportedTable, match=re.escape(f"table {ledger.table_uri}: Unsupported table features "
+                                                         "required: [RowTracking]; nothing was committed")):
+        commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
+    with pytest.raises(UnsupportedTable, match="RowTracking"):
+        commit_positions(ledger, keyed("orders", {1: 5}), CommitRecord(pipeline="p", run_id="reset"))
+    assert DeltaTable(ledger.table_uri).version() == version
