@@ -48,7 +48,14 @@ def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, A
                                 "(delta.appendOnly): nothing was deleted", pipeline=pipeline.name, table_uri=uri)
     tables = {}
     for role, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
-        tables[role] = _delete(pipeline, role, uri, where, run_id, dry_run)
+        try:
+            tables[role] = _delete(pipeline, role, uri, where, run_id, dry_run)
+        except OncemoreError as exc:
+            done = tables.get("main", {})
+            if done.get("status") != "deleted":
+                raise
+            raise type(exc)(f"{exc} (the main table's deletion of {done['rows']} rows, version {done['version']}, "
+                            "stands: run the command again for the quarantine table)", **exc.evidence) from None
     return {"pipeline": pipeline.name, "where": where, "run_id": run_id, "tables": tables}
 
 
@@ -77,11 +84,19 @@ def _delete(pipeline: Pipeline, role: str, uri: str, where: str, run_id: str, dr
         offsets = nested({p: [[s, e] for s, e in runs] for p, runs in spans.items()})
         if dry_run:
             return {"table_uri": uri, "status": "would delete", "rows": matched.num_rows, "offsets": offsets}
+        # The commit deletes by the offsets alone: delta-rs's delete evaluates a predicate otherwise than
+        # its query engine (a DECIMAL literal is coerced to the column's scale there), and the record
+        # must name exactly the rows removed. Rows sharing a matched row's offsets were not all matched.
+        pinned = _pinned(spans)
+        at_offsets = _matching(table, pinned).num_rows
+        if at_offsets != matched.num_rows:
+            raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: {at_offsets} rows hold "
+                                f"the offsets of the {matched.num_rows} rows matched (a row twice: run oncemore verify); "
+                                "nothing was deleted from it", pipeline=pipeline.name, table_uri=uri)
         record = CommitRecord(pipeline=pipeline.name, run_id=run_id,
                               deletion=Deletion(where=where, offsets=offsets, rows=matched.num_rows))
         try:
-            table.delete(f"({where}) AND ({_pinned(spans)})",
-                         commit_properties=CommitProperties(custom_metadata={METADATA_KEY: record.to_json()}))
+            table.delete(pinned, commit_properties=CommitProperties(custom_metadata={METADATA_KEY: record.to_json()}))
         except CommitFailedError as exc:  # nothing of ours landed
             read_version = table.version()
             table.update_incremental()
