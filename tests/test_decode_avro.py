@@ -460,6 +460,20 @@ def test_defaults_of_bytes_fixed_and_decimals_are_read_as_avro_writes_them_in_js
         "cents": Decimal("12.34"), "maybe": b"\x80", "inner": {"blobs": [b"\xe9"], "f": b"abcd"}}]
 
 
+def test_a_decimal_default_of_38_digits_is_read_whole():
+    # Decimal's scaleb rounds to its context's 28 digits: the default landed as ...679.00.
+    unscaled = 123456789012345678901234567891
+    text = unscaled.to_bytes(13, "big", signed=True).decode("latin-1")
+    writer = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "int"}]}
+    reader = {"type": "record", "name": "R", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "big", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 2}, "default": text}]}
+    registry = _Registry({1: writer, 2: reader})
+    decoded = AvroDecoder(registry, registry.schema(2)).decode(framed_records(writer, [{"id": 7}]))
+    assert decoded.errors == {}
+    assert decoded.table.to_pylist() == [{"id": 7, "big": Decimal("1234567890123456789012345678.91")}]
+
+
 def test_an_enum_index_that_is_negative_is_an_error_not_the_last_symbol():
     # Only garbage bytes hold one; fastavro indexed the symbols' list with it, from the end.
     suit = {"type": "enum", "name": "Suit", "symbols": ["HEARTS", "SPADES"]}

@@ -166,7 +166,8 @@ def _default_as_read(schema: Any, value: Any, named: dict) -> Any:
     if kind in ("bytes", "fixed") and isinstance(value, str):
         raw = value.encode("latin-1")
         if logical_of(schema) == "decimal":
-            return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-schema.get("scale", 0))
+            # From text: Decimal arithmetic (scaleb) would round to the context's 28 digits.
+            return Decimal(f"{int.from_bytes(raw, 'big', signed=True)}E-{schema.get('scale', 0)}")
         return raw
     if kind == "record" and isinstance(value, dict):
         types = {f["name"]: f["type"] for f in schema["fields"]}
