@@ -22,6 +22,7 @@ from oncemore.commitrecord import METADATA_KEY, CommitRecord
 from oncemore.ledger import Ledger
 from oncemore.planner import plan_run
 from oncemore.reset import reset
+from oncemore.verify import verify
 
 from conftest import ROOT, assert_exactly_once, by_partition, held_positions, keyed, orders, read_pairs
 
@@ -119,6 +120,10 @@ def test_expired_positions_are_refused_and_a_reset_from_the_hint_continues_exact
     reset(pipeline, OffsetBound.parse(hint))
     runner.run(pipeline, spark_factory=lambda: spark)
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), first + more)
+    # The reset moved the partitions from no position (their txn actions had expired): true, and
+    # verify passes it.
+    report = verify(pipeline, lambda: spark)
+    assert report.ok, report.describe()
 
 
 def test_every_commit_restates_idle_partitions_so_they_do_not_expire(broker, topic, make_pipeline, spark):
