@@ -14,7 +14,7 @@ from oncemore import runner
 from deltalake.exceptions import CommitFailedError
 
 from oncemore.committer import already_committed, commit, commit_positions, covered_prefix, validate_files
-from oncemore.tables import ensure_table
+from oncemore.tables import ensure_table, ensure_tables
 from oncemore.errors import CommitConflict, InvalidDataFile, UnsupportedTable
 from oncemore.commitrecord import CommitRecord
 from oncemore.ledger import Ledger
@@ -199,17 +199,40 @@ def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, 
     assert read_pairs(pipeline.sink.table_uri) == sorted(produced)
 
 
-def test_a_feature_turned_on_after_the_run_checked_the_table_fails_its_commit_as_unsupported(tmp_path):
+@pytest.mark.parametrize("change, named", [
+    (lambda table: table.alter.add_feature(TableFeatures.RowTracking, allow_protocol_versions_increase=True),
+     "row tracking (writer feature rowTracking)"),
+    # delta-rs commits add actions without evaluating a constraint: its rows would land in breach.
+    (lambda table: table.alter.add_constraint({"known_offset": "_kafka_offset < 2"}), "CHECK constraint known_offset"),
+])
+def test_a_table_changed_after_the_run_checked_it_refuses_the_commit_as_unsupported(tmp_path, change, named):
     ledger = race_table(tmp_path)
     files = written(tmp_path / "t", [0, 1, 2])
-    # Another writer turns row tracking on between the run's check of the table and its commit.
-    DeltaTable(ledger.table_uri).alter.add_feature(TableFeatures.RowTracking, allow_protocol_versions_increase=True)
+    change(DeltaTable(ledger.table_uri))  # another writer, between the run's check of the table and its commit
     version = DeltaTable(ledger.table_uri).version()
     record = CommitRecord(pipeline="p", run_id="ours", ranges={"orders": {"1": [0, 3]}})
 
+    with pytest.raises(UnsupportedTable, match=re.escape(named)):
+        commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
+    assert DeltaTable(ledger.table_uri).version() == version
+
+
+def test_a_feature_delta_rs_cannot_write_refuses_a_reset_as_unsupported_not_as_a_conflict(tmp_path):
+    ledger = race_table(tmp_path)
+    DeltaTable(ledger.table_uri).alter.add_feature(TableFeatures.RowTracking, allow_protocol_versions_increase=True)
     with pytest.raises(UnsupportedTable, match=re.escape(f"table {ledger.table_uri}: Unsupported table features "
                                                          "required: [RowTracking]; nothing was committed")):
-        commit(ledger, files, keyed("orders", {1: None}), keyed("orders", {1: 3}), keyed("orders", {1: 0}), record)
-    with pytest.raises(UnsupportedTable, match="RowTracking"):
         commit_positions(ledger, keyed("orders", {1: 5}), CommitRecord(pipeline="p", run_id="reset"))
-    assert DeltaTable(ledger.table_uri).version() == version
+
+
+def test_a_quarantine_table_asking_for_what_oncemore_does_not_do_is_refused_before_either_table_changes(
+        topic, make_pipeline):
+    pipeline = make_pipeline(topic)
+    DeltaTable.create(pipeline.sink.quarantine_uri, QUARANTINE_SCHEMA).alter.add_feature(
+        TableFeatures.RowTracking, allow_protocol_versions_increase=True)  # writer version 7, no invariants listed
+
+    with pytest.raises(UnsupportedTable, match=re.escape(f"table {pipeline.sink.quarantine_uri} asks its writers for "
+                                                         "what oncemore does not do: row tracking")):
+        ensure_tables(pipeline, pipeline.static_columns())
+    assert DeltaTable(pipeline.sink.quarantine_uri).version() == 1
+    assert not Path(pipeline.sink.table_uri).exists()

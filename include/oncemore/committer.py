@@ -25,6 +25,7 @@ from .commitrecord import METADATA_KEY, CommitRecord
 from .coordinates import KafkaPartition
 from .ledger import Ledger, fingerprint
 from .storage import filesystem
+from .tables import check_writable
 from .tasks import RangeResult
 from .writer import DataFile
 
@@ -94,6 +95,10 @@ def commit(
     """
     table = ledger.snapshot()
     check_owner_at_commit(ledger, table, {p.topic for p in new_positions})
+    # A CHECK constraint another writer added since the run checked the table: delta-rs commits add
+    # actions without evaluating one, so the rows would land in breach of it. One added after this
+    # snapshot is a metadata change delta-rs's conflict check refuses the commit for.
+    check_writable(table, ledger.table_uri)
     if already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions):
         return CommitOutcome("already_committed", None)
     read_version = table.version()

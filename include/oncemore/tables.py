@@ -76,8 +76,8 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
         else:
             if unseen:
                 _add_columns(table, [f for f in columns if f.name in unseen])
-    _declare_invariants(table, location, options)
     check_writable(table, table_uri)
+    _declare_invariants(table, location, options)
     check_partitioning(table, table_uri, partition_by)
     for attempt in range(2):
         current = StructType.fromJson(json.loads(table.schema().to_json()))
@@ -158,8 +158,9 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {root_cause(exc)}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
-    # A main table another writer made refuses before the quarantine table is created beside it.
-    ready("sink.table_uri", sink.table_uri, check_existing, options)
+    # A table another writer made refuses before either table is created or changed.
+    for key, uri in tables:
+        ready(key, uri, check_existing, options)
     ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
           f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options)
     return ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
