@@ -53,13 +53,14 @@ FEATURE_NAMES = {"clustering": "liquid clustering", "columnMapping": "column map
 
 
 def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
-                 storage_options: Mapping[str, str] | None = None, evolution: str = "add_columns") -> pa.Schema:
+                 storage_options: Mapping[str, str] | None = None, evolution: str = "add_columns",
+                 opened: DeltaTable | None = None) -> pa.Schema:
     """Opens the table, creating it when missing, and brings its schema to ``schema``'s by the
     rules of evolution.py (delta-rs's alter.add_columns; an append commit cannot carry a schema
     change in delta-rs 1.6.6); returns the table's schema, the one its files are written in."""
     location = table_location(table_uri)
     options = dict(storage_options) if storage_options else None
-    table = open_table(location, options)
+    table = opened if opened is not None else open_table(location, options)  # opened: the caller's snapshot
     if table is None:
         columns = spark_schema(schema).fields
         unseen = [f.name for f in columns if _holds_timestamp_ntz(f.dataType, only_in_maps=True)]
@@ -149,9 +150,9 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: no table can be created there: {problem}; "
                                      "nothing was created", pipeline=pipeline.name, key=key, table_uri=uri)
 
-    def ready(key: str, uri: str, action, *arguments):
+    def ready(key: str, uri: str, action, *arguments, **keywords):
         try:
-            return action(uri, *arguments)
+            return action(uri, *arguments, **keywords)
         except (OncemoreError, SchemaError):
             raise
         except Exception as exc:  # the store refused (permissions, a bucket's policy): name pipeline and key
@@ -159,19 +160,21 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
     # A table another writer made refuses before either table is created or changed.
-    for key, uri in tables:
-        ready(key, uri, check_existing, options)
+    opened = {key: ready(key, uri, check_existing, options) for key, uri in tables}
     ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-          f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options)
+          f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options,
+          opened=opened["sink.quarantine_uri"])
     return ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
-                 f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution)
+                 f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution,
+                 opened=opened["sink.table_uri"])
 
 
-def check_existing(table_uri: str, storage_options: Mapping[str, str] | None) -> None:
-    """check_writable on the table at ``table_uri``, if there is one."""
+def check_existing(table_uri: str, storage_options: Mapping[str, str] | None) -> DeltaTable | None:
+    """The table at ``table_uri`` (None: there is none yet), after check_writable."""
     table = open_table(table_location(table_uri), storage_options)
     if table is not None:
         check_writable(table, table_uri)
+    return table
 
 
 def check_partitioning(table: DeltaTable, table_uri: str, partition_by: Iterable[str]) -> None:
