@@ -12,6 +12,7 @@ connecting as clients), the median of ``repeats`` turns taken in alternation:
 - the bulk marginal rate for flat JSON of about 200 B, nested JSON and Avro (Confluent's wire
   format, a local schema registry): the same records as two topics, half of them and all of them,
   into new tables, so the fixed costs of a run cancel: (all - half) / (time(all) - time(half));
+  and the whole run's rate (all / time(all)), fixed costs included;
 - the rerun with nothing new;
 - the peak memory of the whole process tree (JVMs and Python workers) during a bulk run.
 Figures, not verdicts: the ratio is oncemore's time over the peer's (its rate over the peer's for
@@ -202,8 +203,12 @@ def main() -> None:
                 for tool in ("oncemore", "peer") for size in sizes})
             rates = {tool: (n - n // 2) / (median(found[f"{tool} all"]) - median(found[f"{tool} half"]))
                      for tool in ("oncemore", "peer")}
-            row(f"bulk marginal rate, {name} JSON" if name != "avro" else "bulk marginal rate, Avro (registry)",
-                rates["oncemore"], rates["peer"], "rec/s", higher_is_better=True)
+            what = f"{name} JSON" if name != "avro" else "Avro (registry)"
+            row(f"bulk marginal rate, {what}", rates["oncemore"], rates["peer"], "rec/s", higher_is_better=True)
+            # Whole runs too: where a tool's extra time for the second half is small beside the
+            # spread of its fixed costs, the marginal rate says little.
+            row(f"whole run of {n:,} records, {what}, fixed costs included", n / median(found["oncemore all"]),
+                n / median(found["peer all"]), "rec/s", higher_is_better=True)
             for tool in memory:
                 memory[tool] = max([memory[tool]] + [peak for _, peak in found[f"{tool} all"]])
         row(f"peak memory of a bulk run ({n:,} records), process tree", memory["oncemore"] / 2**20,
