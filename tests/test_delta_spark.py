@@ -13,6 +13,7 @@ import threading
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -22,6 +23,7 @@ from oncemore import runner
 from oncemore.delete import DeleteRefused, delete
 from oncemore.errors import UnsupportedTable
 from oncemore.maintenance import maintain
+from oncemore.tables import ensure_table
 from oncemore.verify import verify
 
 from conftest import assert_exactly_once, duckdb_connection, held_positions, orders, read_pairs
@@ -124,6 +126,20 @@ def both_readers(delta, path: str) -> tuple[dict, dict]:
 
     return (by_key([tuple(r) for r in frame.collect()]),
             by_key(duckdb_connection().execute(f"SELECT * FROM delta_scan('{path}')").fetchall()))
+
+
+def test_a_table_at_writer_version_7_lists_the_invariants_delta_spark_takes_not_null_columns_for(tmp_path):
+    # delta-rs creates a table with a TIMESTAMP_NTZ column at writer version 7 listing timestampNtz
+    # alone; delta-spark refused to read it (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH: invariants).
+    schema = pa.schema([pa.field("_kafka_offset", pa.int64(), nullable=False), pa.field("at", pa.timestamp("us"))])
+    ensure_table(str(tmp_path / "t"), schema, (), "t", "a TIMESTAMP_NTZ column")
+    protocol = DeltaTable(str(tmp_path / "t")).protocol()
+    assert protocol.min_writer_version == 7 and {"timestampNtz", "invariants"} <= set(protocol.writer_features)
+    # A table an older oncemore left without it gets it at the next run's check.
+    DeltaTable.create(str(tmp_path / "old"), schema)
+    assert "invariants" not in DeltaTable(str(tmp_path / "old")).protocol().writer_features
+    ensure_table(str(tmp_path / "old"), schema, (), "old", "made by an older oncemore")
+    assert "invariants" in DeltaTable(str(tmp_path / "old")).protocol().writer_features
 
 
 def test_delta_spark_reads_every_kind_of_table_as_duckdb_does(broker, topic, make_pipeline, delta):

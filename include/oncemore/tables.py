@@ -112,16 +112,19 @@ def _declare_invariants(table: DeltaTable, location: str, options: Mapping[str, 
     takes every NOT NULL column (the ``_kafka_*`` ones) for an invariant and refuses to read such a
     table unless the protocol lists the feature (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH), and
     delta-rs, creating a table with a TIMESTAMP_NTZ column at version 7, lists only timestampNtz.
-    Older versions imply the feature. Another run listing it first is as good."""
-    protocol = table.protocol()
-    if protocol.min_writer_version < 7 or "invariants" in (protocol.writer_features or ()):
-        return
-    try:
-        table.alter.add_feature(TableFeatures.Invariants)
-    except Exception:
-        table = open_table(location, options)
-        if "invariants" not in (table.protocol().writer_features or ()):
-            raise
+    Older versions imply the feature. Another run listing it first is as good; a commit landing
+    meanwhile makes it try once more on the table as that commit left it."""
+    for attempt in range(2):
+        protocol = table.protocol()
+        if protocol.min_writer_version < 7 or "invariants" in (protocol.writer_features or ()):
+            return
+        try:
+            table.alter.add_feature(TableFeatures.Invariants)
+            return
+        except Exception:
+            if attempt:
+                raise
+            table = open_table(location, options)
 
 
 def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map: bool = False) -> bool:
