@@ -25,7 +25,7 @@ from .commitrecord import METADATA_KEY, CommitRecord
 from .coordinates import KafkaPartition
 from .ledger import Ledger, fingerprint
 from .storage import filesystem
-from .tables import check_writable
+from .tablefeatures import check_writable
 from .tasks import RangeResult
 from .writer import DataFile
 

@@ -28,6 +28,7 @@ from .ledger import Ledger, open_table
 from .recordformat import resolve
 from .schema import QUARANTINE_SCHEMA
 from .storage import location_problem, table_location
+from .tablefeatures import check_writable
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
 
 
 def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
-    from .tables import check_partitioning, check_writable  # pyspark's types: only once there is a table
+    from .tables import check_partitioning  # pyspark's types: only once there is a table
 
     try:
         check_writable(table, table_uri)

@@ -26,30 +26,14 @@ from deltalake import DeltaTable, Schema, TableFeatures
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, TimestampNTZType
 
 from .config import Pipeline
-from .errors import InvalidDataFile, OncemoreError, TableLocationError, UnsupportedTable, root_cause
+from .errors import InvalidDataFile, OncemoreError, TableLocationError, root_cause
 from .evolution import arrow_schema, evolve, spark_schema
 from .ledger import open_table
 from .schema import QUARANTINE_SCHEMA, SchemaError
 from .storage import location_problem, table_location
+from .tablefeatures import check_writable
 
 log = logging.getLogger("oncemore")
-
-
-# Writer features that appending files with add actions honours as it is (delta-rs writes V2-spec
-# checkpoints, with checkpointMetadata, on a v2Checkpoint table). Any other feature asks writers for
-# work oncemore does not do (row IDs, column mapping, clustering, commit timestamps, Iceberg metadata).
-HONOURED_WRITER_FEATURES = frozenset({
-    "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
-    "v2Checkpoint",
-    # Harmless while no column or table uses them; check_writable looks at the table itself.
-    "invariants", "checkConstraints", "generatedColumns", "identityColumns",
-})
-
-
-# What users call the writer features oncemore refuses, as delta-spark's documentation names them.
-FEATURE_NAMES = {"clustering": "liquid clustering", "columnMapping": "column mapping", "rowTracking": "row tracking",
-                 "inCommitTimestamp": "in-commit timestamps", "icebergCompatV1": "UniForm (Iceberg)",
-                 "icebergCompatV2": "UniForm (Iceberg)", "typeWidening": "type widening"}
 
 
 def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
@@ -186,32 +170,4 @@ def check_partitioning(table: DeltaTable, table_uri: str, partition_by: Iterable
         raise InvalidDataFile(
             f"table {table_uri} is partitioned by {table.metadata().partition_columns}, "
             f"the pipeline says {list(partition_by)}", table_uri=table_uri,
-        )
-
-
-def check_writable(table: DeltaTable, table_uri: str) -> None:
-    """Refuses, before anything is written, a table whose writers must check or compute values:
-    oncemore adds files it wrote itself, so it can neither enforce a CHECK constraint or an
-    invariant nor fill a generated or identity column; or one needing a writer feature it does
-    not honour. A row violating a constraint therefore never lands in a commit of oncemore's."""
-    configuration = table.metadata().configuration
-    fields = json.loads(table.schema().to_json())["fields"]
-    asks = [f"CHECK constraint {key.removeprefix('delta.constraints.')} ({value})"
-            for key, value in sorted(configuration.items()) if key.startswith("delta.constraints.")]
-    for field in fields:
-        metadata = field.get("metadata") or {}
-        asks += [f"invariant on column {field['name']}"] if "delta.invariants" in metadata else []
-        asks += [f"generated column {field['name']}"] if "delta.generationExpression" in metadata else []
-        asks += [f"identity column {field['name']}"] if any(k.startswith("delta.identity.") for k in metadata) else []
-    mode = configuration.get("delta.columnMapping.mode", "none")
-    asks += [f"column mapping (mode {mode})"] if mode != "none" else []
-    unknown = set(table.protocol().writer_features or ()) - HONOURED_WRITER_FEATURES
-    unknown -= {"columnMapping"} if mode != "none" else set()  # named once, with its mode
-    asks += [f"{FEATURE_NAMES[f]} (writer feature {f})" if f in FEATURE_NAMES else f"writer feature {f}"
-             for f in sorted(unknown)]
-    if asks:
-        raise UnsupportedTable(
-            f"table {table_uri} asks its writers for what oncemore does not do: {'; '.join(asks)}. Nothing was "
-            "written; remove them or point the pipeline at another table",
-            table_uri=table_uri, requirements=asks,
         )
