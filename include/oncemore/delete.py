@@ -41,15 +41,17 @@ def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, A
     dialect), each table in a commit of its own recording the offsets removed; ``dry_run``: what
     would be removed, nothing committed."""
     run_id = f"oncemore-delete-{uuid.uuid4().hex[:12]}"
-    for uri in (pipeline.sink.table_uri, pipeline.sink.quarantine_uri):  # refused before either table is touched
-        table = open_table(uri, pipeline.sink.storage_options)
+    uris = {"main": pipeline.sink.table_uri, "quarantine": pipeline.sink.quarantine_uri}
+    opened = {role: open_table(uri, pipeline.sink.storage_options) for role, uri in uris.items()}
+    for role, table in opened.items():  # refused before either table is touched
         if table is not None and table.metadata().configuration.get("delta.appendOnly", "false").lower() == "true":
-            raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r}: table {uri} is append-only "
-                                "(delta.appendOnly): nothing was deleted", pipeline=pipeline.name, table_uri=uri)
+            raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r}: table {uris[role]} is "
+                                "append-only (delta.appendOnly): nothing was deleted",
+                                pipeline=pipeline.name, table_uri=uris[role])
     tables = {}
-    for role, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
+    for role, uri in uris.items():
         try:
-            tables[role] = _delete(pipeline, role, uri, where, run_id, dry_run)
+            tables[role] = _delete(pipeline, role, uri, opened[role], where, run_id, dry_run)
         except OncemoreError as exc:
             done = tables.get("main", {})
             if done.get("status") != "deleted":
@@ -59,8 +61,8 @@ def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, A
     return {"pipeline": pipeline.name, "where": where, "run_id": run_id, "tables": tables}
 
 
-def _delete(pipeline: Pipeline, role: str, uri: str, where: str, run_id: str, dry_run: bool) -> dict[str, Any]:
-    table = open_table(uri, pipeline.sink.storage_options)
+def _delete(pipeline: Pipeline, role: str, uri: str, table: DeltaTable | None, where: str, run_id: str,
+            dry_run: bool) -> dict[str, Any]:
     if table is None:
         return {"table_uri": uri, "status": "no table yet", "rows": 0}
     for _ in range(ATTEMPTS):
