@@ -1,6 +1,6 @@
 """What a small run costs end to end, through the CLI as a user runs it: a cold run on a fresh JVM
 (`local[*]`), the no-op rerun, the cost of each further batch of a run, and the same small run on
-a warm Spark Connect server (oncemore.devconnect) — the resident Spark of hourly pipelines —
+a warm Spark Connect server (devtools.sparkconnect) — the resident Spark of hourly pipelines —
 right after another run and after a pause that outlasts the server's idle Python workers.
 
     scripts/benchmark fixed-cost [--records 100] [--batches 6] [--code DIR]
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from oncemore import devbroker
-from oncemore.devconnect import start_connect_server
+from devtools import kafkabroker
+from devtools.sparkconnect import start_connect_server
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
 
@@ -93,7 +93,7 @@ def main() -> None:
     n, batches, code = args.records, args.batches, args.code.resolve()
     work = Path(tempfile.mkdtemp(prefix="oncemore-fixed-"))
     rows = []
-    with devbroker.running(devbroker.start_kafka()) as broker:
+    with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         for topic in ("first", "small", "batches", "remote"):
             broker.create_topic(topic, 3)
         for topic in ("first", "small"):

@@ -26,18 +26,20 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from oncemore import devbroker, ledger, runner
-from oncemore.committer import commit
-from oncemore.tables import ensure_tables
-from oncemore.config import parse_pipeline
-from oncemore.commitrecord import CommitRecord
-from oncemore.coordinates import KafkaPartition
-from oncemore.ledger import Ledger
-from oncemore.maintenance import maintain
-from oncemore.overview import pipeline_overview
-from oncemore.planner import LATEST, plan_run
-from oncemore.schema import records_schema
-from oncemore.writer import TableWriter
+from devtools import kafkabroker
+from oncemore.commit.committer import commit
+from oncemore.commit.tables import ensure_tables
+from oncemore.config.loading import parse_pipeline
+from oncemore.core.columns import decoded_schema
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.ops.maintain import maintain
+from oncemore.plan import ledger
+from oncemore.plan.commitinfo import CommitInfo
+from oncemore.plan.ledger import Ledger
+from oncemore.plan.planner import LATEST, plan_run
+from oncemore.report.overview import pipeline_overview
+from oncemore.run import runner
+from oncemore.write.files import TableWriter
 
 PARTITIONS = 8
 
@@ -92,7 +94,7 @@ class LoadCounter:
 
 
 def build(pipeline, commits: int) -> None:
-    schema = records_schema("raw", None, pa.binary(), False)
+    schema = decoded_schema("raw", None, pa.binary(), False)
     ensure_tables(pipeline, schema)
     ledger = Ledger(pipeline.sink.table_uri, pipeline.name)
     keys = [KafkaPartition("events", p) for p in range(PARTITIONS)]
@@ -109,7 +111,7 @@ def build(pipeline, commits: int) -> None:
         held = ledger.positions(keys)
         key = keys[partition]
         start = held[key] or 0
-        record = CommitRecord(pipeline="events", run_id=f"run-{n // 10}", batch_seq=n % 10,
+        record = CommitInfo(pipeline="events", run_id=f"run-{n // 10}", batch_seq=n % 10,
                               ranges={"events": {str(partition): [start, start + 1]}},
                               records={"written": 1, "quarantined": 0, "filtered": 0},
                               log_end={"events": {str(partition): commits}}, duration_ms=400)
@@ -136,7 +138,7 @@ def main() -> None:
     built = args.table_dir or Path(tempfile.mkdtemp(prefix="oncemore-ledger-"))
     work = Path(tempfile.mkdtemp(prefix="oncemore-ledger-run-"))
     per_partition = -(-args.commits // PARTITIONS)
-    with devbroker.running(devbroker.start_kafka()) as broker:
+    with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         broker.create_topic("events", PARTITIONS)
         broker.produce("events", [(p, None, b"{}", None) for p in range(PARTITIONS) for _ in range(per_partition + 1)])
         pipeline = parse_pipeline({
@@ -179,7 +181,7 @@ def main() -> None:
         print(f"planning once retention has passed: {retained_s:.3f}s on {table.version()} commits ({log_files} "
               f"files left in _delta_log) = {retained_s / few_s:.2f} x (bound 1.5 x)")
 
-        from oncemore.spark import spark_session
+        from oncemore.run.session import spark_session
 
         spark = spark_session("local[1]")
         # Positions now match the test topic's log: one record per partition is left to ingest. The

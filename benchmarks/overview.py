@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from oncemore import devbroker
-from oncemore.committer import commit_positions
-from oncemore.tables import ensure_tables
-from oncemore.config import parse_pipeline
-from oncemore.commitrecord import CommitRecord
-from oncemore.coordinates import KafkaPartition
-from oncemore.ledger import Ledger
-from oncemore.overview import pipeline_overview
+from devtools import kafkabroker
+from oncemore.commit.committer import commit_positions
+from oncemore.commit.tables import ensure_tables
+from oncemore.config.loading import parse_pipeline
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.plan.commitinfo import CommitInfo
+from oncemore.plan.ledger import Ledger
+from oncemore.report.overview import pipeline_overview
 
 PARTITIONS = 8
 
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=5_000)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="oncemore-overview-"))
-    with devbroker.running(devbroker.start_kafka()) as broker:
+    with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         broker.create_topic("events", PARTITIONS)
         broker.produce("events", [(i % PARTITIONS, None, b"{}", None) for i in range(args.commits * PARTITIONS + 800)])
         pipeline = parse_pipeline({
@@ -46,7 +46,7 @@ def main() -> None:
         started = time.monotonic()
         for n in range(args.commits):
             ranges = {str(p): [n, n + 1] for p in range(PARTITIONS)}
-            commit_positions(ledger, {KafkaPartition("events", p): n + 1 for p in range(PARTITIONS)}, CommitRecord(
+            commit_positions(ledger, {KafkaPartition("events", p): n + 1 for p in range(PARTITIONS)}, CommitInfo(
                 pipeline="events", run_id=f"run-{n // 10}", batch_seq=n % 10, ranges={"events": ranges},
                 records={"written": PARTITIONS, "quarantined": 0, "filtered": 0},
                 log_end={"events": {p: args.commits + 100 for p in ranges}}, duration_ms=400))

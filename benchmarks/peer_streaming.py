@@ -1,10 +1,10 @@
 """The peer: what a Spark user writes instead of oncemore to land a Kafka topic in a Delta table,
 Structured Streaming with Spark's own Kafka source, `from_json` or `from_avro`, a delta-spark sink
 and `Trigger.AvailableNow`, its checkpoint on local disk. Run by benchmarks/peers.py through
-spark-submit (with devspark's jars) or as a Spark Connect client (--remote); it reads read_committed
+spark-submit (with devtools.sparkjars' jars) or as a Spark Connect client (--remote); it reads read_committed
 and keeps the Kafka coordinates as columns, as oncemore does, so both write the same rows.
 
-    spark-submit <devspark.submit_arguments()> peer_streaming.py --bootstrap HOST:PORT --topic T
+    spark-submit <sparkjars.submit_arguments()> peer_streaming.py --bootstrap HOST:PORT --topic T
         --table PATH --checkpoint PATH (--ddl 'id BIGINT, ...' | --avro-schema JSON) [--remote sc://...]
 """
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import psutil
 import pyspark
 import yaml
-
-from oncemore import devbroker, devspark
-from oncemore.devregistry import start_registry
 from throughput import AVRO_SCHEMA, FLAT, NESTED, framed_records, make_records, nested_records
+
+from devtools import kafkabroker, sparkjars
+from devtools.schemaregistry import start_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
@@ -109,7 +109,7 @@ class Bench:
                "--topic", topic, "--table", str(table), "--checkpoint", f"{table}_checkpoint", *shape]
         if remote:
             return [sys.executable, *job, "--remote", remote]
-        return [SPARK_SUBMIT, "--master", "local[2]", *devspark.submit_arguments({"spark.ui.enabled": "false"}), *job]
+        return [SPARK_SUBMIT, "--master", "local[2]", *sparkjars.submit_arguments({"spark.ui.enabled": "false"}), *job]
 
 
 def turns(repeats: int, runs: dict[str, callable]) -> dict[str, list[tuple[float, int]]]:
@@ -139,7 +139,7 @@ def main() -> None:
     args = parser.parse_args()
     n, repeats = args.records, args.repeats
     work = Path(tempfile.mkdtemp(prefix="oncemore-peers-"))
-    broker, registry = devbroker.start_kafka(), start_registry()
+    broker, registry = kafkabroker.start_kafka(), start_registry()
     server = None
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -174,7 +174,7 @@ def main() -> None:
                                                               bench.env)) for tool in cold_tables})
         row("rerun with nothing new", median(noop["oncemore"]), median(noop["peer"]))
 
-        server = devspark.start_delta_connect_server("local[2]", log_dir=str(work / "connect"))
+        server = sparkjars.start_delta_connect_server("local[2]", log_dir=str(work / "connect"))
         broker.create_topic("warm", PARTITIONS)
         warm_tables = {"oncemore": bench.fresh("warm"), "peer": bench.fresh("warm-peer")}
 

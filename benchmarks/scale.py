@@ -1,5 +1,5 @@
 """How oncemore scales with the range, the cores and the partitions (issue 15, item 5), on the local
-Apache Kafka broker (devbroker.start_kafka), in one run:
+Apache Kafka broker (kafkabroker.start_kafka), in one run:
 
 - peak memory of the driver (this process and its JVM) and of Spark's Python workers, for a run
   of 1 M and a run of 10 M records (default limits: commits of 1 M): both should follow the batch
@@ -26,10 +26,11 @@ from pathlib import Path
 
 import psutil
 
-from oncemore import devbroker, runner
-from oncemore.planner import plan_run
-from oncemore.spark import spark_session
-from oncemore.verify import verify
+from devtools import kafkabroker
+from oncemore.plan.planner import plan_run
+from oncemore.report.verify import verify
+from oncemore.run import runner
+from oncemore.run.session import spark_session
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import make_records, pipeline_for  # noqa: E402  (the same records and pipeline)
@@ -152,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     work = tempfile.mkdtemp(prefix="oncemore-scale-")
-    with devbroker.running(devbroker.start_kafka()) as broker:
+    with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         many_partitions(broker, work, args.partitions)
         parallelism(broker, work, args.small)
         memory(broker, work, args.small, args.large)

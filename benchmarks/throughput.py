@@ -1,5 +1,5 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
-of the same offsets, in one run, on a local Apache Kafka broker (devbroker.start_kafka()).
+of the same offsets, in one run, on a local Apache Kafka broker (kafkabroker.start_kafka()).
 
     scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
 
@@ -47,15 +47,17 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from confluent_kafka import Message, TopicPartition
 
-from oncemore import devbroker, runner
-from oncemore.config import OffsetBound, parse_pipeline
-from oncemore.coordinates import KafkaPartition
-from oncemore.ddl import parse_ddl
-from oncemore.kafka import consumer_config, range_consumer, read_messages
-from oncemore.records import BATCH_ROWS
-from oncemore.writer import ROW_GROUP_ROWS
-from oncemore.planner import LATEST
-from oncemore.spark import spark_session
+from devtools import kafkabroker
+from oncemore.config.loading import parse_pipeline
+from oncemore.config.values import OffsetBound
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.ddl import parse_ddl
+from oncemore.kafka.batches import BATCH_ROWS
+from oncemore.kafka.clients import consumer_config, range_consumer, read_messages
+from oncemore.plan.planner import LATEST
+from oncemore.run import runner
+from oncemore.run.session import spark_session
+from oncemore.write.files import ROW_GROUP_ROWS
 
 
 def make_records(count: int, partitions: int):
@@ -70,7 +72,7 @@ def make_records(count: int, partitions: int):
 def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = True) -> tuple[int, float]:
     """One process, one consumer, all partitions from offset 0 to ``ends``: the rate oncemore is
     measured against. With ``collector`` off, Python's cyclic garbage collector is paused while it
-    reads, as oncemore's tasks do (taskmemory.py): the client's messages are objects it tracks, and
+    reads, as oncemore's tasks do (run/workermemory.py): the client's messages are objects it tracks, and
     a plain loop spends about a third of its time collecting."""
     if not collector:
         gc.disable()
@@ -303,7 +305,7 @@ def formats(broker, spark, work: str, n: int, parts: int, plain_rate: float, pau
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from oncemore.devregistry import start_registry
+    from devtools.schemaregistry import start_registry
 
     registry = start_registry()
     try:
@@ -378,7 +380,7 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
     try:
-        with devbroker.running(devbroker.start_kafka()) as broker:
+        with kafkabroker.running(kafkabroker.start_kafka()) as broker:
             started = time.perf_counter()
             for topic, count in (("bench", parts), ("bench_one", 1)):
                 broker.create_topic(topic, count)

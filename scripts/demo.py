@@ -17,8 +17,8 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from oncemore import devbroker
-from oncemore.config import load_named, load_pipeline
+from devtools import kafkabroker
+from oncemore.config.loading import load_named, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def oncemore(*args: str) -> None:
 def main() -> None:
     data_dir = os.environ.setdefault("ONCEMORE_DATA_DIR", tempfile.mkdtemp(prefix="oncemore-demo-"))
     os.environ.setdefault("ONCEMORE_SPARK_MASTER", "local[2]")
-    with devbroker.running(devbroker.start_kafka()) as broker:
+    with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         os.environ["KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
         broker.create_topic("orders", 3)
         produced = broker.produce("orders", sample_orders(20_000))
@@ -77,7 +77,7 @@ def avro_orders(broker) -> None:
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from oncemore.devregistry import start_registry
+    from devtools.schemaregistry import start_registry
 
     registry = start_registry()
     try:

@@ -21,11 +21,11 @@ from deltalake import DeltaTable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from oncemore import devbroker  # noqa: E402
-from oncemore.devcluster import start_spark_cluster  # noqa: E402
-from oncemore.devstore import start_s3_server  # noqa: E402
-from oncemore.ledger import METADATA_KEY, CommitRecord  # noqa: E402
-from oncemore_airflow.services import start_airflow, wait_for  # noqa: E402
+from devtools import kafkabroker  # noqa: E402
+from devtools.airflowservices import start_airflow, wait_for  # noqa: E402
+from devtools.s3server import start_s3_server  # noqa: E402
+from devtools.sparkcluster import start_spark_cluster  # noqa: E402
+from oncemore.plan.ledger import METADATA_KEY, CommitInfo  # noqa: E402
 
 DAG_ID = "oncemore__orders_hourly"
 
@@ -41,9 +41,9 @@ def main() -> None:
     start = hour - timedelta(hours=3)
     with ExitStack() as stack:
         if os.environ.get("KAFKA_BOOTSTRAP"):
-            broker = devbroker.DevBroker(os.environ["KAFKA_BOOTSTRAP"])
+            broker = kafkabroker.DevBroker(os.environ["KAFKA_BOOTSTRAP"])
         else:
-            broker = devbroker.start_kafka()
+            broker = kafkabroker.start_kafka()
             stack.callback(broker.stop)
         s3 = start_s3_server()
         stack.callback(s3.stop)
@@ -100,7 +100,7 @@ def main() -> None:
 def report(table: DeltaTable) -> None:
     print(f"\ns3://lake/delta/orders_hourly: version {table.version()}, {table.count()} rows")
     for entry in sorted((c for c in table.history() if METADATA_KEY in c), key=lambda c: c["version"]):
-        record = CommitRecord.from_json(entry[METADATA_KEY])
+        record = CommitInfo.from_json(entry[METADATA_KEY])
         ranges = ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(next(iter(record.ranges.values())).items()))
         print(f"  version {entry['version']}: run {record.run_id}: {record.records['written']} rows, ranges {ranges}")
 

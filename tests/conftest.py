@@ -1,7 +1,7 @@
 """Fixtures: a real broker, a real local Spark, real Delta tables on disk or on a local S3 API
 server (moto), and an independent reader.
 
-The broker is Apache Kafka (oncemore.devbroker.start_kafka, from the jars scripts/setup brings),
+The broker is Apache Kafka (devtools.kafkabroker.start_kafka, from the jars scripts/setup brings),
 one per test session (per xdist worker), each test on topics of its own;
 ONCEMORE_TEST_BOOTSTRAP points the suite at an external Kafka cluster instead. Tests that need a
 broker of their own (SASL, restarts, a second cluster) start one with ``own_broker``.
@@ -20,15 +20,21 @@ import uuid
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 import duckdb_extension_delta
+import pyarrow as pa
 import pytest
 import yaml
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable
 
-from oncemore import devbroker
-from oncemore.config import Pipeline, load_pipeline
-from oncemore.coordinates import KafkaPartition
-from oncemore.ledger import Ledger
+from devtools import kafkabroker
+from oncemore.commit.groupmirror import group_id
+from oncemore.config.loading import load_pipeline
+from oncemore.config.model import Pipeline
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.plan.commitinfo import METADATA_KEY, CommitInfo
+from oncemore.plan.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTERNAL_BOOTSTRAP = os.environ.get("ONCEMORE_TEST_BOOTSTRAP")
@@ -39,7 +45,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 def pytest_sessionstart(session):
     if not EXTERNAL_BOOTSTRAP:
         try:
-            devbroker.kafka_jars_dir()
+            kafkabroker.kafka_jars_dir()
         except FileNotFoundError as exc:
             pytest.exit(f"no Kafka broker for the tests: {exc} (scripts/test does; it needs Java 17 and Maven), or "
                         "point the suite at a Kafka cluster with ONCEMORE_TEST_BOOTSTRAP=host:port.",
@@ -49,9 +55,9 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def broker():
     if EXTERNAL_BOOTSTRAP:
-        yield devbroker.DevBroker(EXTERNAL_BOOTSTRAP)
+        yield kafkabroker.DevBroker(EXTERNAL_BOOTSTRAP)
         return
-    with devbroker.running(devbroker.start_kafka()) as local:
+    with kafkabroker.running(kafkabroker.start_kafka()) as local:
         yield local
         # Destroy lingering client handles first, or their reconnect errors print after pytest's summary.
         gc.collect()
@@ -60,12 +66,12 @@ def broker():
 @pytest.fixture
 def own_broker(tmp_path):
     """A Kafka broker of this test's own, persisted under tmp_path (restartable); arguments as
-    devbroker.start_kafka's."""
+    kafkabroker.start_kafka's."""
     started = []
 
-    def start(**kwargs) -> devbroker.DevBroker:
+    def start(**kwargs) -> kafkabroker.DevBroker:
         kwargs.setdefault("data_dir", str(tmp_path / f"broker-{len(started)}"))
-        started.append(devbroker.start_kafka(**kwargs))
+        started.append(kafkabroker.start_kafka(**kwargs))
         return started[-1]
 
     yield start
@@ -77,7 +83,7 @@ def own_broker(tmp_path):
 @pytest.fixture(scope="session")
 def s3_server():
     """A local S3 API server (moto) for the session, stopped with it."""
-    from oncemore.devstore import start_s3_server
+    from devtools.s3server import start_s3_server
 
     server = start_s3_server()
     yield server
@@ -94,7 +100,7 @@ def s3_bucket(s3_server):
 
 @pytest.fixture(scope="session")
 def spark():
-    from oncemore.spark import spark_session
+    from oncemore.run.session import spark_session
 
     session = spark_session("local[2]")
     yield session
@@ -103,9 +109,9 @@ def spark():
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory):
-    """A Spark Connect server (oncemore.devconnect) for the session; a test may restart or kill it
+    """A Spark Connect server (devtools.sparkconnect) for the session; a test may restart or kill it
     and leaves it running."""
-    from oncemore.devconnect import start_connect_server
+    from devtools.sparkconnect import start_connect_server
 
     server = start_connect_server("local[2]", log_dir=str(tmp_path_factory.mktemp("connect")))
     yield server
@@ -114,9 +120,9 @@ def connect_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def delta_server(tmp_path_factory):
-    """A Spark Connect server with the Spark packages a Spark user adds (oncemore.devspark: delta-spark,
+    """A Spark Connect server with the Spark packages a Spark user adds (devtools.sparkjars: delta-spark,
     spark-avro, the Kafka source), on one core, for the worker's modules that play a Spark user."""
-    from oncemore.devspark import start_delta_connect_server
+    from devtools.sparkjars import start_delta_connect_server
 
     server = start_delta_connect_server("local[1]", log_dir=str(tmp_path_factory.mktemp("delta-connect")),
                                         conf={"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
@@ -130,7 +136,7 @@ def connect_session(connect_server):
     opened one as Connect-only (SPARK_CONNECT_MODE_ENABLED, which also steers pyspark.sql.functions
     and every later session builder); at the end the sessions are stopped and the mark removed, so
     the other tests' classic session works again."""
-    from oncemore.spark import spark_session, stop_session
+    from oncemore.run.session import spark_session, stop_session
 
     opened = []
 
@@ -268,7 +274,7 @@ def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple
 def oncemore_command(pipeline: Pipeline, command: str = "run", fault: str | None = None,
                      whole_run: bool = True) -> subprocess.Popen:
     """``oncemore COMMAND --config`` of ``pipeline`` started in its own process on ``local[1]``;
-    with ``fault``, dying at that faults.py step: the whole run (its own process group), or with
+    with ``fault``, dying at that core/crashpoints.py step: the whole run (its own process group), or with
     ``whole_run=False`` only the process reaching it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEMORE_FAULTS")}
     env.update(PYTHONPATH=str(ROOT / "include"), ONCEMORE_SPARK_MASTER="local[1]", **({"ONCEMORE_FAULTS": fault} if fault else {}))
@@ -277,7 +283,7 @@ def oncemore_command(pipeline: Pipeline, command: str = "run", fault: str | None
 
 
 def run_with_fault(pipeline: Pipeline, fault: str, whole_run: bool = True) -> subprocess.CompletedProcess:
-    """``oncemore run`` of ``pipeline`` dying at the faults.py step ``fault`` (oncemore_command)."""
+    """``oncemore run`` of ``pipeline`` dying at the core/crashpoints.py step ``fault`` (oncemore_command)."""
     process = oncemore_command(pipeline, "run", fault, whole_run)
     out, err = process.communicate(timeout=600)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
@@ -287,9 +293,10 @@ def run_with_fault(pipeline: Pipeline, fault: str, whole_run: bool = True) -> su
 def crash_before_main_commit(monkeypatch):
     """``crash_before_main_commit(pipeline, spark)`` runs the pipeline, which dies (SystemExit)
     right after a part's quarantine commit, before its main commit."""
-    from oncemore import partcommit, runner
+    from oncemore.commit import part
+    from oncemore.run import runner
 
-    real_commit = partcommit.commit
+    real_commit = part.commit
 
     def run(pipeline: Pipeline, spark) -> None:
         def crash_on_main(ledger, *args, **kwargs):
@@ -297,7 +304,7 @@ def crash_before_main_commit(monkeypatch):
                 raise SystemExit("injected crash after the quarantine commit")
             return real_commit(ledger, *args, **kwargs)
 
-        monkeypatch.setattr(partcommit, "commit", crash_on_main)
+        monkeypatch.setattr(part, "commit", crash_on_main)
         with pytest.raises(SystemExit):
             runner.run(pipeline, spark_factory=lambda: spark)
         monkeypatch.undo()
@@ -307,8 +314,8 @@ def crash_before_main_commit(monkeypatch):
 
 @pytest.fixture(scope="session")
 def registry():
-    """Apicurio Registry (oncemore.devregistry), Confluent-compatible over HTTP, for the session."""
-    from oncemore.devregistry import start_registry
+    """Apicurio Registry (devtools.schemaregistry), Confluent-compatible over HTTP, for the session."""
+    from devtools.schemaregistry import start_registry
 
     local = start_registry()
     yield local
@@ -318,10 +325,10 @@ def registry():
 def decode_in_child(settings: dict, kind: str, reader: tuple[str, int | str], values: list[bytes | None]):
     """Runs in a spawned process: decodes ``values`` of ``kind`` (avro, or protobuf's first
     message) into the registry's (subject, version), with nothing inherited, as a Spark worker."""
-    from oncemore.decode_avro import AvroDecoder
-    from oncemore.decode_protobuf import ProtobufDecoder
-    from oncemore.formats import SchemaAhead
-    from oncemore.registry import Registry, RegistryError
+    from oncemore.decode.avro.decoder import AvroDecoder
+    from oncemore.decode.decoder import SchemaAhead
+    from oncemore.decode.protobuf.decoder import ProtobufDecoder
+    from oncemore.decode.registry import Registry, RegistryError
 
     registry = Registry(settings)
     subject, version = reader
@@ -346,3 +353,24 @@ def spawned():
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         yield lambda function, *args: pool.submit(function, *args).result()
+
+
+def oncemore(*args: str, env: dict | None = None, check_no_spark: bool = False) -> subprocess.CompletedProcess:
+    code = "import sys; from oncemore.cli import main; rc = main(sys.argv[1:]); "
+    if check_no_spark:
+        code += "assert 'pyspark' not in sys.modules, 'Spark was imported'; "
+    code += "sys.exit(rc)"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "include"), "ONCEMORE_SPARK_MASTER": "local[2]", **(env or {})})
+
+
+def oncemore_commits(table_uri: str) -> list[tuple[int, CommitInfo]]:
+    commits = [c for c in DeltaTable(table_uri).history() if METADATA_KEY in c]
+    return sorted(((c["version"], CommitInfo.from_json(c[METADATA_KEY])) for c in commits), key=lambda c: c[0])
+
+
+def committed_offsets(broker, pipeline) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    request = ConsumerGroupTopicPartitions(group_id(pipeline), [TopicPartition(pipeline.source.topic, p) for p in (0, 1, 2)])
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    return {tp.partition: tp.offset for tp in future.result(timeout=30).topic_partitions}

@@ -13,18 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, assert_exactly_once, orders, read_pairs
+from conftest import ROOT, assert_exactly_once, oncemore, orders, read_pairs
 
 INCLUDE = str(Path(__file__).resolve().parents[1] / "include")
-
-
-def oncemore(*args: str, env: dict | None = None, check_no_spark: bool = False) -> subprocess.CompletedProcess:
-    code = "import sys; from oncemore.cli import main; rc = main(sys.argv[1:]); "
-    if check_no_spark:
-        code += "assert 'pyspark' not in sys.modules, 'Spark was imported'; "
-    code += "sys.exit(rc)"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": INCLUDE, "ONCEMORE_SPARK_MASTER": "local[2]", **(env or {})})
 
 
 @pytest.mark.spark
@@ -71,7 +62,7 @@ def test_run_then_noop_rerun_without_spark_plan_and_status(broker, topic, make_p
 
 @pytest.mark.spark
 def test_ctrl_c_mid_run_says_in_one_line_what_was_committed_and_the_rerun_is_exact(broker, topic, make_pipeline):
-    from oncemore.ledger import Ledger
+    from oncemore.plan.ledger import Ledger
 
     produced = broker.produce(topic, orders(0, 60_000))
     pipeline = make_pipeline(topic, limits={"max_records_per_commit": 2_000})  # 30 batches

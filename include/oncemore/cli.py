@@ -18,17 +18,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import __version__, faults
-from .config import (
-    ConfigError, OffsetBound, Pipeline, json_schema, load_all, load_named, load_pipeline, shared_tables,
-    with_kafka_overrides,
-)
-from .coordinates import nested
-from .errors import OncemoreError, root_cause
-from .kafka import CLIENT_LOG, KafkaReadError, KafkaSourceError
-from .planner import Plan, describe, plan_run
-from .profile import as_table
-from .report import format_status, status
+from oncemore import __version__
+from oncemore.config.loading import load_all, load_named, load_pipeline, shared_tables, with_kafka_overrides
+from oncemore.config.model import Pipeline, json_schema
+from oncemore.config.values import ConfigError, OffsetBound
+from oncemore.core import crashpoints
+from oncemore.core.coordinates import nested
+from oncemore.core.errors import OncemoreError, root_cause
+from oncemore.core.stopwatch import as_table
+from oncemore.kafka.clients import CLIENT_LOG, KafkaReadError, KafkaSourceError
+from oncemore.plan.planner import Plan, describe, plan_run
+from oncemore.report.status import format_status, status
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130  # 130: a shell's code for a command ended by Ctrl-C
 # Commits read back to count what an interrupted run had committed.
@@ -37,7 +37,7 @@ RECENT_RUN_COMMITS = 1000
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    faults.arm()
+    crashpoints.arm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     # A line per gateway call or registry request (confluent-kafka's client logs through httpx2) is not oncemore's.
     for chatty in ("py4j", "httpx", "httpx2"):
@@ -196,7 +196,7 @@ def _spark_for(name: str, args) -> Iterator[Callable]:
 
     def spark():
         if not sessions:
-            from .spark import log_to, spark_session
+            from oncemore.run.session import log_to, spark_session
 
             sessions.append(spark_session(args.master, args.remote, output=spark_log))
             if spark_log is not None:
@@ -219,7 +219,7 @@ def _spark_for(name: str, args) -> Iterator[Callable]:
         raise
     finally:
         if sessions:
-            from .spark import stop_session
+            from oncemore.run.session import stop_session
 
             try:
                 stop_session(sessions[0])  # a Connect server keeps the session for this host's next run
@@ -247,7 +247,7 @@ def _log_file(name: str) -> Path:
 
 
 def _run(pipeline: Pipeline, args) -> int:
-    from .runner import new_run_id, run
+    from oncemore.run.runner import new_run_id, run
 
     plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
     run_id = args.run_id or new_run_id()
@@ -266,7 +266,7 @@ def _run(pipeline: Pipeline, args) -> int:
 
 def _committed_by(pipeline: Pipeline, run_id: str) -> str:
     """What run ``run_id`` had committed, from the table (a batch's commit is whole or absent)."""
-    from .ledger import Ledger
+    from oncemore.plan.ledger import Ledger
 
     commits = [e for e in Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options
                                  ).recent_batches(RECENT_RUN_COMMITS) if e.record.run_id == run_id]
@@ -277,7 +277,8 @@ def _committed_by(pipeline: Pipeline, run_id: str) -> str:
 
 
 def _verify(pipeline: Pipeline, args) -> int:
-    from .verify import record_result, verify
+    from oncemore.report.verdict import record_result
+    from oncemore.report.verify import verify
 
     with _spark_for(pipeline.name, args) as spark:
         report = verify(pipeline, spark, since=args.since)
@@ -300,7 +301,7 @@ def _status(pipeline: Pipeline, args) -> int:
 
 
 def _reset(pipeline: Pipeline, args) -> int:
-    from .reset import reset
+    from oncemore.ops.reset import reset
 
     try:
         to = OffsetBound.parse(args.to)
@@ -316,7 +317,7 @@ def _reset(pipeline: Pipeline, args) -> int:
 
 
 def _delete(pipeline: Pipeline, args) -> int:
-    from .delete import delete
+    from oncemore.ops.delete import delete
 
     done = delete(pipeline, args.where, dry_run=args.dry_run)
     for role, table in done["tables"].items():
@@ -327,7 +328,7 @@ def _delete(pipeline: Pipeline, args) -> int:
 
 
 def _maintain(pipeline: Pipeline, _args) -> int:
-    from .maintenance import maintain
+    from oncemore.ops.maintain import maintain
 
     print(json.dumps(maintain(pipeline), indent=2))
     return 0
@@ -344,7 +345,7 @@ def _list(_pipeline: None, _args) -> int:
 
 
 def _check(_pipeline: None, args) -> int:
-    from .preflight import Check, check_pipeline
+    from oncemore.ops.check import Check, check_pipeline
 
     loaded, checks = [], []
     directory, broken = load_all()

@@ -10,12 +10,17 @@ from pathlib import Path
 from airflow.sdk import DAG, Asset, Param
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from oncemore.config import ConfigError, Pipeline, load_all
-from oncemore.storage import table_location
-
+from oncemore.config.loading import load_all
+from oncemore.config.model import Pipeline
+from oncemore.config.values import ConfigError
+from oncemore.core.storage import table_location
 from oncemore_airflow.operators import (
-    OncemoreConnectIngestOperator, OncemoreIngestOperator, OncemoreMaintainOperator, OncemorePlanOperator,
-    OncemoreReportOperator, OncemoreVerifyOperator,
+    OncemoreConnectIngestOperator,
+    OncemoreIngestOperator,
+    OncemoreMaintainOperator,
+    OncemorePlanOperator,
+    OncemoreReportOperator,
+    OncemoreVerifyOperator,
 )
 
 UNTIL_PATTERN = r"^\s*(latest|\d{4}-\d{2}-\d{2}[T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?|\{.*\})\s*$"
@@ -84,7 +89,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
 
 def build_maintenance_dag(pipeline: Pipeline) -> DAG:
     """Compaction, checkpoint and vacuum of the pipeline's tables on ``maintenance.schedule``;
-    runs beside ingestion (see oncemore.maintenance), one run at a time, no catch-up."""
+    runs beside ingestion (see oncemore.ops.maintain), one run at a time, no catch-up."""
     check_schedulable(pipeline)
     settings = pipeline.airflow
     with DAG(

@@ -8,7 +8,8 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
-from oncemore.config import Pipeline, load_pipeline, with_kafka_overrides
+from oncemore.config.loading import load_pipeline, with_kafka_overrides
+from oncemore.config.model import Pipeline
 
 
 class OncemoreHook(BaseHook):

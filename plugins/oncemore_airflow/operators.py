@@ -13,21 +13,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow.sdk.exceptions import AirflowSkipException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from croniter import croniter
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.bases.skipmixin import SkipMixin
+from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.log import mask_secret
+from croniter import croniter
 
-from oncemore import faults
-from oncemore.config import OffsetBound
-from oncemore.maintenance import maintain
-from oncemore.planner import LATEST, Plan, describe, plan_run
-from oncemore.report import check_freshness, verify_run
-from oncemore.verify import last_result
-from oncemore.spark import package_zip, spark_session, stop_session
-
+from oncemore.config.values import OffsetBound
+from oncemore.core import crashpoints
+from oncemore.ops.maintain import maintain
+from oncemore.plan.planner import LATEST, Plan, describe, plan_run
+from oncemore.report.landed import run_landed
+from oncemore.report.status import check_freshness
+from oncemore.report.verdict import last_result
+from oncemore.run.session import package_zip, spark_session, stop_session
 from oncemore_airflow.hooks import OncemoreHook
 
 SPARK_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest.py"
@@ -83,7 +83,7 @@ class OncemoreIngestOperator(SparkSubmitOperator):
         self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
 
     def execute(self, context) -> None:
-        faults.arm()  # test-only, inert unless set: a step kills this task and its spark-submit
+        crashpoints.arm()  # test-only, inert unless set: a step kills this task and its spark-submit
         self.py_files = package_zip()
         overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
         plan = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
@@ -116,9 +116,9 @@ class OncemoreConnectIngestOperator(BaseOperator):
     def execute(self, context) -> None:
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-        from oncemore.runner import run  # the run's whole client side: not for the DAG processor to import
+        from oncemore.run.runner import run  # the run's whole client side: not for the DAG processor to import
 
-        faults.arm()  # test-only, inert unless set: a step kills this task
+        crashpoints.arm()  # test-only, inert unless set: a step kills this task
 
         pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
         plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
@@ -158,7 +158,7 @@ class OncemoreReportOperator(BaseOperator):
         if context["params"].get("dry_run"):
             self.log.info("dry run: nothing was committed; the plan was:\n%s", describe(plan))
             return {"pipeline": pipeline.name, "status": "dry-run", "plan": json.loads(plan.to_json())}
-        result = verify_run(pipeline, plan, context["run_id"])
+        result = run_landed(pipeline, plan, context["run_id"])
         self.log.info("%s", json.dumps(result, indent=2))
         check_freshness(pipeline, result["partitions"])
         return result

@@ -3,7 +3,7 @@ plugin's ``fastapi_apps``), shown in the UI's navigation as an embedded view (``
 
 ``/`` lists every pipeline with its per-partition position, log end, lag and last commit, and its
 recent batches; ``/pipelines/<name>`` adds plots of the batch history and a quarantine sample;
-``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.overview``: the
+``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.report.overview``: the
 Delta logs and Kafka, read-only. Access follows Airflow's: the caller's token (the UI's session
 cookie or a bearer token) must allow reading the pipeline's DAG.
 """
@@ -23,10 +23,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from oncemore.config import load_all
-from oncemore.kafka import CLIENT_LOG
-from oncemore.overview import pipeline_overview
-
+from oncemore.config.loading import load_all
+from oncemore.kafka.clients import CLIENT_LOG
+from oncemore.report.overview import pipeline_overview
 from oncemore_airflow import charts
 from oncemore_airflow.factory import dag_id
 from oncemore_airflow.hooks import OncemoreHook

@@ -1,0 +1,488 @@
+"""A local Apache Kafka broker for the demo, the tests and the benchmarks, and a producer of sample data.
+
+``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
+from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
+cluster metadata naming the broker and a leader for every partition, not when a port opens; it
+never leaves its JVM behind: not when stopped, when it fails to start, or when the interpreter that
+started it exits. With ``data_dir`` it persists, and ``restart()`` (after ``stop()`` or ``kill()``)
+brings it back on the same ports with the same data. ``DevBroker`` also stands for any reachable
+cluster (``DevBroker(bootstrap_servers)``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+
+from devtools.processes import stop_process
+
+Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
+KAFKA_DEVTOOLS = Path(__file__).resolve().parent / "kafka"
+KAFKA_POM = KAFKA_DEVTOOLS / "pom.xml"
+KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
+# Measured on 2 shared cores (median of 5 starts, the JVM's start to a metadata answer): 2.45 s
+# with only -Xmx512m; with the C1 compiler alone (TieredStopAtLevel=1) 2.0 s, and half the broker's
+# CPU over a million records produced and read, at the same rates: C2's compiling costs more than
+# it gains in a broker living minutes. SerialGC and a 64 MB initial heap take an idle broker from
+# 208 to 164 MB resident (G1's own structures, a heap grown ahead of need); they do not speed the
+# start. With the class archive (write_kafka_class_archive) as well: 1.1 s.
+KAFKA_JVM_OPTIONS = ["-Xmx512m", "-Xms64m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+KAFKA_CLASS_ARCHIVE = "kafka-broker.jsa"  # in the jars directory, written by write_kafka_class_archive
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+# Every Kafka broker started here, with the process that started it: stopped at its exit at the latest.
+_kafka_brokers: list[tuple[int, DevBroker]] = []
+
+
+class DevBroker:
+    """A broker to develop and test against: a local process of ours, or any reachable cluster."""
+
+    def __init__(self, bootstrap_servers: str, process: subprocess.Popen | None = None,
+                 client_options: dict[str, str] | None = None, launch: Callable[[], subprocess.Popen] | None = None,
+                 log_path: Path | None = None, temporary_dir: Path | None = None):
+        self.bootstrap_servers, self.process = bootstrap_servers, process
+        # librdkafka settings a client needs besides the address (SASL for a broker started with it).
+        self.client_options = client_options or {}
+        # Starts the local broker's process again on the same address, returning once it serves.
+        self.launch = launch
+        self.log_path = log_path  # the local broker's log file, when it writes one
+        self.temporary_dir = temporary_dir  # data of a broker started without a data_dir, removed by stop()
+        self._admin: AdminClient | None = None
+
+    def _client_config(self) -> dict:
+        # Through Python logging: a handle outliving the broker must not print after a test run.
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger("devtools.kafkabroker"),
+                **self.client_options}
+
+    def admin(self) -> AdminClient:
+        # Kept while its requests are answered: a collected client destroys its pending futures. One
+        # client, not one per call: a new one's first request waits for its metadata (up to 3 s
+        # seen on Kafka). An idle client is falsy (its len() is its queue's), hence no ``or``.
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config())
+        return self._admin
+
+    @staticmethod
+    def _wait(futures: dict) -> None:
+        for future in futures.values():
+            future.result(timeout=30)
+
+    def _wait_led(self, topic: str, partitions: Iterable[int], seconds: float = 30) -> None:
+        """Returns once the broker answers ListOffsets for each partition. Kafka acknowledges
+        partitions once its controller has them, before the broker leads them: a request in
+        between fails (NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH; 34 of 75 partitions asked at
+        once), and the client does not retry it."""
+        pending, deadline = set(partitions), time.monotonic() + seconds
+        while True:
+            futures = self.admin().list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in pending})
+            for key, future in futures.items():
+                try:
+                    future.result(timeout=30)
+                    pending.discard(key.partition)
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+            if not pending:
+                return
+            time.sleep(0.02)
+            # The client asks the leaders its metadata names; new partitions are not there yet.
+            self.admin().list_topics(topic, timeout=10)
+
+    def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
+        self._wait(self.admin().create_topics([NewTopic(topic, partitions, 1, config=config or {})]))
+        self._wait_led(topic, range(partitions))
+
+    def delete_topic(self, topic: str) -> None:
+        self._wait(self.admin().delete_topics([topic], operation_timeout=30))
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        """Grows ``topic`` to ``total`` partitions, the new ones led on return."""
+        known = len(self.admin().list_topics(topic, timeout=30).topics[topic].partitions)
+        self._wait(self.admin().create_partitions([NewPartitions(topic, total)]))
+        self._wait_led(topic, range(known, total))
+
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        """Moves each partition's log start to ``before[partition]`` (Kafka's DeleteRecords)."""
+        self._wait(self.admin().delete_records([TopicPartition(topic, p, o) for p, o in before.items()]))
+
+    def produce(self, topic: str, records: Iterable[Record], transactional_id: str | None = None,
+                abort: bool = False, headers: list[tuple[str, bytes]] | None = None) -> list[tuple[int, int]]:
+        """Writes (partition, key, value, timestamp_ms) records, each with ``headers``: in one
+        transaction when ``transactional_id`` is given (aborted with ``abort``), else with an
+        idempotent producer.
+
+        Returns the (partition, offset) of every record, from the delivery reports."""
+        settings = {**self._client_config(), "linger.ms": 20, "batch.num.messages": 10000, "compression.type": "lz4",
+                    "enable.idempotence": True, "message.max.bytes": 64 << 20}
+        if transactional_id:
+            settings["transactional.id"] = transactional_id
+        elif abort:
+            raise ValueError("only a transaction can be aborted")
+        producer = Producer(settings)
+        delivered: list[tuple[int, int]] = []
+        failures: list[str] = []
+
+        def on_delivery(error, message):
+            if error is not None:
+                failures.append(str(error))
+            else:
+                delivered.append((message.partition(), message.offset()))
+
+        if transactional_id:
+            producer.init_transactions(30)
+            producer.begin_transaction()
+        count = 0
+        for partition, key, value, timestamp_ms in records:
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery,
+                                     headers=headers,
+                                     **({"timestamp": timestamp_ms} if timestamp_ms is not None else {}))
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            count += 1
+            if count % 10000 == 0:
+                producer.poll(0)
+        producer.flush(60)  # every record in the log before the marker: aborted ones too
+        if transactional_id:
+            producer.abort_transaction(30) if abort else producer.commit_transaction(60)
+        if failures or len(delivered) != count:
+            raise RuntimeError(f"produced {count} records to {topic}: {len(delivered)} delivered, "
+                               f"failures: {failures[:3]}")
+        if transactional_id:
+            self._wait_stable(topic, delivered)
+        return sorted(delivered)
+
+    def _wait_stable(self, topic: str, delivered: list[tuple[int, int]], seconds: float = 30) -> None:
+        """Returns once the last stable offset of each partition written to is past its records:
+        Kafka's transactions (version 2, Kafka 4's default) return from the commit or abort before
+        the markers are written, and a read_committed ListOffsets meanwhile still answers the old
+        last stable offset (seen within 20-100 ms)."""
+        last: dict[int, int] = {}
+        for partition, offset in delivered:
+            last[partition] = max(offset, last.get(partition, -1))
+        deadline = time.monotonic() + seconds
+        while last:
+            futures = self.admin().list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in last},
+                                                isolation_level=IsolationLevel.READ_COMMITTED)
+            for key, future in futures.items():
+                if future.result(timeout=30).offset > last[key.partition]:
+                    del last[key.partition]
+            if last and time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: the last stable offset stayed at or below {last} for {seconds:.0f}s")
+            if last:
+                time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+        if self.temporary_dir is not None:
+            shutil.rmtree(self.temporary_dir, ignore_errors=True)
+            self.temporary_dir = None
+
+    def kill(self) -> None:
+        """Ends the local broker at once (SIGKILL), as a crash would: nothing flushed, no
+        controlled shutdown. ``restart()`` brings it back."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
+
+    def restart(self) -> None:
+        """Stops the local broker (if it still runs) and starts it again on the same address; it
+        keeps its data only when it was started with a data directory."""
+        if self.launch is None:
+            raise RuntimeError("only a broker started here can be restarted")
+        if self.process is not None:
+            stop_process(self.process)
+        self.process = self.launch()
+        # The client may hold metadata from while the broker was away (partitions without leaders),
+        # which it does not refresh before its next request fails.
+        self._admin = None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def setup_cache_dir(pom: Path, prefix: str, what: str) -> Path:
+    """The directory scripts/setup filled with ``what`` for ``pom``, found by the same rule:
+    ``prefix`` and the first 16 hex digits of the pom's sha256, under
+    ``${XDG_CACHE_HOME:-~/.cache}/oncemore``; raises if setup has not completed it."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
+    directory = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oncemore" / f"{prefix}-{digest}"
+    if not (directory / ".complete").is_file():
+        raise FileNotFoundError(f"{what} for {pom} are not in {directory}: run scripts/setup "
+                                "(it copies them with Maven, once)")
+    return directory
+
+
+def kafka_jars_dir() -> Path:
+    """The jars scripts/setup copied for devtools/kafka/pom.xml."""
+    return setup_cache_dir(KAFKA_POM, "kafka", "the Kafka broker's jars")
+
+
+def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
+                password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90,
+                jvm_options: list[str] | None = None) -> DevBroker:
+    """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1.
+
+    ``data_dir`` (absent or empty) keeps its properties, data and log (``logs/server.log``) for
+    ``restart()``; without it they live in a temporary directory that ``stop()`` removes. With
+    ``sasl`` (a SCRAM mechanism) clients connect on a SASL_PLAINTEXT listener as ``user``, whose
+    credentials are written into the quorum's metadata when the storage is formatted; the password
+    never reaches a command line (a process list shows every one) and is kept on disk only while
+    formatting. ``configs`` are more broker properties, or replace ours; ``jvm_options`` replace
+    the broker JVM's (KAFKA_JVM_OPTIONS, and the class archive once written)."""
+    if sasl is not None and sasl not in SCRAM_MECHANISMS:
+        raise ValueError(f"sasl must be one of {', '.join(SCRAM_MECHANISMS)}, not {sasl!r}")
+    if sasl and any(c in f"{user}{password}" for c in ",\n"):
+        raise ValueError("a SCRAM user or password for the local broker cannot hold a comma or a line break")
+    jars = kafka_jars_dir()
+    temporary_dir = None if data_dir else Path(tempfile.mkdtemp(prefix="oncemore-kafka-"))
+    root = Path(data_dir or temporary_dir).resolve()
+    if data_dir and root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} is not empty: a broker starts on an empty data directory "
+                         "(DevBroker.restart() starts one on its own again)")
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    port, controller_port = free_port(), free_port()
+    # The broker's own connections (from its controller, its coordinators) stay on PLAINTEXT, so it
+    # needs no credentials of its own; with SASL, clients get another listener.
+    plain_port = free_port() if sasl else port
+    listeners = {"PLAINTEXT": plain_port, **({"SASL_PLAINTEXT": port} if sasl else {})}
+    properties = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in {**listeners, "CONTROLLER": controller_port}.items()),
+        "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
+        "listener.security.protocol.map": ",".join(f"{name}:{name}" for name in listeners) + ",CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(root / "kafka-logs"),
+        # One node: every internal topic has one replica, or it is never created.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # One partition each, not 50: the first group's offset commit took 0.4-0.5 s (now and then
+        # failing NOT_COORDINATOR while its partition loaded), now 0.08 s; a fresh data directory
+        # holds 3 partitions, not 101.
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.num.partitions": "1",
+        # A consumer group forms at once rather than after 3 s; the cleaner looks for work every
+        # 0.2 s, not 15 s, so a test sees a compacted topic cleaned within seconds.
+        "group.initial.rebalance.delay.ms": "0",
+        "log.cleaner.backoff.ms": "200",
+        # The cleaner's key map is allocated, and touched, on the heap at start-up: 128 MB by
+        # default, more than the rest of an idle broker's heap; 8 MB holds 300,000 keys.
+        "log.cleaner.dedupe.buffer.size": str(8 << 20),
+        # A broker killed and started again registers anew only once the controller has given up
+        # its old session: after 3 s of missed heartbeats (every 0.5 s), not 9 s (of one per 2 s).
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+        # A transaction whose producer died is aborted within 1 s of its timeout, not 10 s: until
+        # then it holds back every read_committed consumer of its partitions.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+    }
+    client_options = {}
+    if sasl:
+        properties["sasl.enabled.mechanisms"] = sasl
+        properties[f"listener.name.sasl_plaintext.{sasl.lower()}.sasl.jaas.config"] = \
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        client_options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": sasl,
+                          "sasl.username": user, "sasl.password": password}
+    properties.update(configs or {})
+    properties_path = root / "server.properties"
+    properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+    broker = DevBroker(f"127.0.0.1:{port}", client_options=client_options, log_path=root / "logs" / "server.log",
+                       temporary_dir=temporary_dir)
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    # The JVMs' temporary files (the compression codecs' native libraries) stay in the data directory.
+    (root / "tmp").mkdir(exist_ok=True)
+    common = [f"-Djava.io.tmpdir={root / 'tmp'}", "-cp", str(jars / "*")]
+    try:
+        _format_kafka_storage([java, *_kafka_jvm_options(jars), *common], root, properties_path,
+                              sasl and (sasl, user, password))
+        command = [java, *(_kafka_jvm_options(jars) if jvm_options is None else jvm_options), *common,
+                   f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={root / 'logs'}",
+                   "kafka.Kafka", str(properties_path)]
+        broker.launch = lambda: _launch_kafka(command, root, broker, seconds)
+        broker.process = broker.launch()
+        _kafka_brokers.append((os.getpid(), broker))
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def _kafka_jvm_options(jars: Path) -> list[str]:
+    archive = jars / KAFKA_CLASS_ARCHIVE
+    # A JVM that cannot use the archive (another Java) says so in its output and starts without it.
+    return [*KAFKA_JVM_OPTIONS, *([f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else [])]
+
+
+def _format_kafka_storage(java: list[str], root: Path, properties_path: Path,
+                          scram: tuple[str, str, str] | None) -> None:
+    """Formats the node's log directory as a new cluster whose only voter it is (StorageTool ends
+    its JVM with exit, so it runs in one of its own), adding the SCRAM user if any."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # Kafka's own ids never start with one: it reads as an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    arguments = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties_path), "--standalone"]
+    if scram:
+        mechanism, user, password = scram
+        arguments += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+    # A java launcher argument file (@file, main class and all): the password stays off the command line.
+    argument_file = root / "format.args"
+    descriptor = os.open(argument_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.writelines('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"\n' for a in arguments)
+    try:
+        done = subprocess.run([*java, f"@{argument_file}"], cwd=root, capture_output=True, text=True, timeout=120)
+    finally:
+        argument_file.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"formatting the Kafka broker's storage in {root} failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[:3000]}")
+
+
+def _launch_kafka(command: list[str], root: Path, broker: DevBroker, seconds: float) -> subprocess.Popen:
+    """Starts the broker's JVM in its data directory (where a crashing JVM writes its report), its
+    own output (which its log takes over at once) into ``jvm.out`` beside the log, and returns once
+    it serves; kills it if it does not in ``seconds``."""
+    with (broker.log_path.parent / "jvm.out").open("a") as output:
+        process = subprocess.Popen(command, cwd=root, stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=subprocess.STDOUT)
+    try:
+        _wait_kafka_ready(process, broker, seconds)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    return process
+
+
+@atexit.register
+def _stop_kafka_left_running() -> None:
+    """A broker nobody stopped (a script that raised, a fixture that never finished) ends with
+    this interpreter rather than outlive it, and its temporary directory with it. Not a forked
+    child's: the brokers are its parent's."""
+    for starter, broker in _kafka_brokers:
+        if starter == os.getpid():
+            broker.stop()
+
+
+def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: float) -> None:
+    """Returns once the broker answers a metadata request naming itself and a leader for every
+    partition: it opens its client listener only after it caught up with the quorum, but a client
+    connecting then still has to get through the handshake (and SASL), and after a kill its
+    partitions get their leader back only once it is unfenced. Raises with the log's end if it
+    exits or takes longer."""
+    host, port = broker.bootstrap_servers.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    admin, last_error = None, "its client port never opened"
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), 0.2).close()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        if admin is None:  # retrying quickly: librdkafka's own backoff grows to 10 s
+            admin = AdminClient({**broker._client_config(), "reconnect.backoff.max.ms": 200})
+        try:
+            metadata = admin.list_topics(timeout=1)
+        except KafkaException as exc:
+            last_error = str(exc)
+            continue
+        leaderless = [f"{topic.topic}-{partition.id}" for topic in metadata.topics.values()
+                      for partition in topic.partitions.values() if partition.leader < 0 or partition.error]
+        if metadata.brokers and not leaderless:
+            return
+        last_error = f"partitions without a leader: {', '.join(leaderless[:5])}" if leaderless else "no broker"
+        time.sleep(0.05)
+    if process.poll() is not None:
+        problem = f"exited with code {process.returncode} while starting"
+    else:
+        problem = f"did not serve within {seconds:.0f}s ({last_error})"
+    raise RuntimeError(f"the Kafka broker on {broker.bootstrap_servers} {problem}; the end of {broker.log_path}:\n"
+                       f"{_log_tail(broker.log_path)}{_log_tail(broker.log_path.parent / 'jvm.out')}")
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def write_kafka_class_archive() -> Path:
+    """Writes the class-data archive (Java's AppCDS) that later broker and format JVMs start from,
+    into the jars directory: once, from scripts/setup. A broker started with the archive-writing
+    option serves what tests do first (topics, transactions, a group's offsets), and its JVM writes
+    the classes it loaded as it exits (about 4 s); the archive takes its final name only then, whole."""
+    from confluent_kafka import Consumer
+
+    archive = kafka_jars_dir() / KAFKA_CLASS_ARCHIVE
+    written = archive.with_name(f"{archive.name}.{os.getpid()}.writing")
+    broker = start_kafka(jvm_options=[*KAFKA_JVM_OPTIONS, f"-XX:ArchiveClassesAtExit={written}"])
+    try:
+        broker.create_topic("classes", 2)
+        broker.produce("classes", [(0, b"k", b"v", None), (1, None, b"w", None)], transactional_id="classes")
+        broker.produce("classes", [(0, b"k", None, None)])
+        consumer = Consumer({**broker._client_config(), "group.id": "classes", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition("classes", 0, 0)])
+        consumer.consume(2, timeout=10)
+        consumer.commit(offsets=[TopicPartition("classes", 0, 1)], asynchronous=False)
+        consumer.close()
+        stop_process(broker.process, grace_seconds=120)  # writing the archive takes the JVM seconds
+        if broker.process.returncode not in (0, 143) or not written.is_file() or not written.stat().st_size:
+            raise RuntimeError(f"the Kafka broker's JVM ended with code {broker.process.returncode} and wrote no "
+                               f"class archive; the end of its output:\n{_log_tail(broker.log_path.parent / 'jvm.out')}")
+        os.replace(written, archive)
+    finally:
+        broker.stop()
+        written.unlink(missing_ok=True)
+    return archive
+
+
+def wait_listening(process: subprocess.Popen, port: int, what: str, seconds: float = 30) -> None:
+    """Returns once ``process`` accepts connections on 127.0.0.1:``port``; raises (killing it) if
+    it exits first or takes longer than ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"{what} did not listen on port {port} within {seconds:.0f}s")
+
+
+@contextmanager
+def running(broker: DevBroker) -> Iterator[DevBroker]:
+    try:
+        yield broker
+    finally:
+        broker.stop()

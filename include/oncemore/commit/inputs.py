@@ -1,0 +1,73 @@
+"""What a part's commit takes from the tasks that read it, the one type both ways of reading hand
+over (the ingest job's manifest rows, the sink's staging area): a RangeResult per range read,
+and where a range stopped for a writer schema ahead of the reader (AheadRecord).
+
+Invariant: a RangeResult accounts for every offset of [start, reached): each is a record written,
+a record quarantined, or an offset that holds no record (a transaction marker, an aborted record).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.write.files import DataFile
+
+
+@dataclass(frozen=True)
+class AheadRecord:
+    """The record a range stopped at because its key's or value's writer schema has what the reader
+    lacks (SchemaAhead): where it is and that writer schema. Travels to the driver as text
+    (``value:7@orders/0:15``) in RangeResult.schema_ahead and the part's outcome."""
+
+    role: str  # "value" or "key"
+    schema_id: int
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.schema_id}@{KafkaPartition(self.topic, self.partition)}:{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> "AheadRecord":
+        writer, _, coordinates = text.partition("@")
+        role, _, schema_id = writer.partition(":")
+        at, _, offset = coordinates.rpartition(":")
+        where = KafkaPartition.parse(at)
+        return cls(role, int(schema_id), where.topic, where.partition, int(offset))
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget or
+    a writer schema ahead of the reader may stop it early: ``schema_ahead`` says where, an
+    AheadRecord as text), holding ``records`` data records (transaction markers and aborted records
+    hold offsets but no record), ``quarantined`` of which could not be stored; ``files`` hold what
+    this task wrote of them; ``seconds`` what the range took to read, decode and write (core/stopwatch.py)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    reached: int
+    bytes_read: int
+    records: int
+    quarantined: int
+    files: tuple[DataFile, ...]
+    schema_ahead: str | None = None  # str(AheadRecord)
+    seconds: Mapping[str, float] = field(default_factory=dict)  # {read, decode, write}
+
+    @property
+    def key(self) -> KafkaPartition:
+        return KafkaPartition(self.topic, self.partition)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RangeResult":
+        data = json.loads(text)
+        return cls(**{**data, "files": tuple(DataFile.from_dict(f) for f in data["files"])})

@@ -1,0 +1,249 @@
+"""The driver side of one part of a batch: from what its tasks read and wrote to its two commits.
+
+Shared by both ways records travel: the run calls it with the ingest tasks' RangeResults, the sink
+calls it from Spark's driver-side ``commit(messages)`` with the staged RangeResults of the reading
+tasks and the files its writing tasks report (run/deltasink.py). Either way:
+
+- per partition, the part covers the ranges read without a hole from its start (a range cut short
+  by a byte budget or a newer writer schema ends it; files of ranges after the cut are deleted);
+- every file is validated (exists, its size, the table's schema, offsets inside the covered range);
+- every record read is accounted for: written + quarantined + filtered, none negative (a
+  transform that makes two rows of one record is refused before any commit);
+- the quarantine table commits first; the main commit, which moves positions over quarantined
+  records too, is made only once the quarantine table holds its part of the range (this part's
+  commit, or another run's of the same records); otherwise the part is discarded and the batch
+  goes round from the positions as they are (``quarantine_behind``);
+- files offered to no commit, or to one refused before any attempt, are deleted; after a commit
+  attempt they are never deleted (an attempt that seemed to fail may have landed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+
+from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
+from oncemore.commit.inputs import RangeResult
+from oncemore.core import crashpoints
+from oncemore.core.columns import QUARANTINE_SCHEMA
+from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
+from oncemore.core.errors import CommitConflict, InvalidDataFile
+from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
+from oncemore.plan.commitinfo import CommitInfo, Gap
+from oncemore.plan.ledger import Ledger
+from oncemore.write.files import DataFile
+
+log = logging.getLogger("oncemore")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a batch as the run planned it: what it reads from where, what it builds on, and
+    what its commits record. JSON, so it can travel to Spark's driver-side commit."""
+
+    pipeline: str
+    run_id: str
+    batch_seq: int
+    until: str
+    table_uri: str
+    quarantine_uri: str
+    partition_by: tuple[str, ...]
+    starts: Mapping[KafkaPartition, int]  # where each partition's part begins (its main position, or the batch start)
+    expected: Mapping[KafkaPartition, int | None]  # the main table's positions it builds on
+    quarantine_expected: Mapping[KafkaPartition, int | None]  # the quarantine table's
+    partitions: tuple[KafkaPartition, ...]  # every partition of the plan (positions are all re-stated)
+    gaps: tuple[Gap, ...]
+    topic_ids: Mapping[str, str | None]
+    cluster_id: str | None
+    log_end: Mapping[KafkaPartition, int]
+    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
+    profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
+    may_filter: bool = False  # a transform may drop records; without one, every record read is a row
+
+    @property
+    def staging_id(self) -> str:
+        """The part's directory in the staging area (staging.py)."""
+        return f"{self.run_id}-{self.batch_seq}-{self.started_ms}"
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for name in ("starts", "expected", "quarantine_expected", "log_end"):
+            data[name] = by_text(getattr(self, name))
+        data["partitions"] = [str(p) for p in self.partitions]
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Part":
+        data = json.loads(text)
+        for name in ("starts", "expected", "quarantine_expected", "log_end"):
+            data[name] = from_text(data[name])
+        data["partitions"] = tuple(KafkaPartition.parse(p) for p in data["partitions"])
+        data["partition_by"] = tuple(data["partition_by"])
+        data["gaps"] = tuple(Gap(**g) for g in data["gaps"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the tasks that write the main table did, per partition (the fused path's are in its
+    RangeResults): main files, quarantine files of rows failing an expectation, and the counts
+    of rows written and failing each expectation (those below the quarantine floor included)."""
+
+    files: tuple[DataFile, ...] = ()
+    violations: Mapping[str, int] = field(default_factory=dict)  # {expectation: rows}
+    violations_by_partition: Mapping[KafkaPartition, int] = field(default_factory=dict)
+    write_seconds: float = 0.0  # task time writing them
+
+
+@dataclass(frozen=True)
+class PartOutcome:
+    status: str  # committed | already_committed | lost_race | conflict | quarantine_behind | nothing_read
+    version: int | None
+    quarantine_version: int | None
+    read: Mapping[KafkaPartition, tuple[int, int]]
+    records: Mapping[str, int]  # written, quarantined, filtered
+    bytes_read: int
+    schema_ahead: str | None  # the record whose writer schema the reader lacks (inputs.AheadRecord as text)
+    profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} of this part (core/stopwatch.py)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["read"] = by_text(self.read)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PartOutcome":
+        data = json.loads(text)
+        data["read"] = {k: tuple(v) for k, v in from_text(data["read"]).items()}
+        return cls(**data)
+
+
+def commit_part(part: Part, results: Iterable[RangeResult], written: Written, table_schema: pa.Schema,
+                storage_options: Mapping[str, str] | None = None,
+                ledgers: tuple[Ledger, Ledger] | None = None) -> PartOutcome:
+    """Validates and commits one part (module docstring). ``ledgers``: the (main, quarantine)
+    ledgers of a caller that keeps them (their snapshots are then only updated)."""
+    main, quarantine = ledgers or (Ledger(part.table_uri, part.pipeline, storage_options),
+                                   Ledger(part.quarantine_uri, part.pipeline, storage_options))
+    watch = Stopwatch()
+    watch.add_ms({"spark_job": int(time.time() * 1000) - part.started_ms})
+    crashpoints.reach("written")
+    ends, kept, dropped = covered_prefix(results, part.starts)
+    for phase in TASK_PHASES:
+        watch.seconds[phase] += sum(r.seconds.get(phase, 0.0) for r in kept)
+    watch.seconds["write"] += written.write_seconds
+    _delete(part, [f for r in dropped for f in r.files], storage_options)
+    read = {p: (part.starts[p], ends[p]) for p in part.starts}
+    files = [f for r in kept for f in r.files] + list(written.files)
+    main_files = [f for f in files if f.table == "main"]
+    quarantine_files = [f for f in files if f.table == "quarantine"]
+    schema_ahead = next((r.schema_ahead for r in kept if r.schema_ahead is not None), None)
+    with watch.timing("validate"):
+        validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
+        validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
+    crashpoints.reach("validated")
+    records = _accounted(part, kept, main_files, written, read)
+
+    def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
+        return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms())
+
+    if all(part.expected.get(p) == end for p, (_, end) in read.items()):
+        # Cut before its first record (a newer writer schema) with no position to record: a part
+        # that read nothing still commits when it moves a position (a start at latest, a gap).
+        return outcome_of("nothing_read", None, None, 0)
+    record = CommitInfo(
+        pipeline=part.pipeline, run_id=part.run_id, batch_seq=part.batch_seq, until=part.until,
+        ranges=nested({p: [s, e] for p, (s, e) in read.items()}), records=records,
+        expectations=dict(written.violations),
+        gaps=[g for g in part.gaps if part.expected.get(KafkaPartition(g.topic, g.partition)) == g.start],
+        topic_ids={t: part.topic_ids.get(t) for t in sorted({p.topic for p in read})}, cluster_id=part.cluster_id,
+        bytes_read=sum(r.bytes_read for r in kept),
+        log_end=nested({p: part.log_end[p] for p in read if p in part.log_end}),
+        duration_ms=int(time.time() * 1000) - part.started_ms,
+        profile={**{p: part.profile[p] for p in RUN_PHASES if p in part.profile}, **watch.ms()},
+    )
+    new_positions = {p: e for p, (_, e) in read.items()}
+    quarantine_version = None
+    if quarantine_files:
+        touched = {KafkaPartition.parse(key) for f in quarantine_files for key in f.offsets}
+        with watch.timing("commit"):
+            outcome = _commit(part, quarantine, quarantine_files, {p: part.quarantine_expected.get(p) for p in touched},
+                              {p: new_positions[p] for p in touched}, record)
+            quarantine_version = outcome.version
+            held = quarantine.positions(touched)
+        crashpoints.reach("quarantine_committed")
+        short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
+        if short:
+            log.warning("pipeline %s: the quarantine table holds %s, not the ends %s this part reached; its main "
+                        "commit waits, the batch goes round from the positions as they are", part.pipeline,
+                        by_text(short), by_text({p: new_positions[p] for p in short}))
+            delete_files(part.table_uri, main_files, storage_options)  # never offered to a commit
+            return outcome_of("quarantine_behind", None, quarantine_version, record.bytes_read)
+    with watch.timing("commit"):
+        outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
+    crashpoints.reach("main_committed")
+    log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
+             outcome.status, ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())),
+             records["written"], records["quarantined"], records["filtered"])
+    return outcome_of(outcome.status, outcome.version, quarantine_version, record.bytes_read)
+
+
+def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], written: Written,
+               read: Mapping[KafkaPartition, tuple[int, int]]) -> dict[str, int]:
+    """Per partition, the records read are rows written, quarantined or filtered: never more rows
+    than records (a transform that explodes a record is refused here, before any commit), and
+    none filtered without a transform (a record the tasks' files lost is refused the same way)."""
+    records = {p: 0 for p in read}
+    quarantined = dict(records)
+    rows = dict(records)
+    for r in kept:
+        records[r.key] += r.records
+        quarantined[r.key] += r.quarantined
+    for f in main_files:
+        for text, (_, _, count) in f.offsets.items():
+            rows[KafkaPartition.parse(text)] += count
+    for p, count in written.violations_by_partition.items():
+        quarantined[p] = quarantined.get(p, 0) + count
+    for p in read:
+        if not part.may_filter and rows[p] + quarantined[p] < records[p]:
+            raise InvalidDataFile(
+                f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records read, only "
+                f"{rows[p]} rows written and {quarantined[p]} quarantined, and no transform filters: nothing was "
+                "committed", partition=str(p), records=records[p], rows=rows[p])
+        if rows[p] + quarantined[p] > records[p]:
+            raise InvalidDataFile(
+                f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records became {rows[p]} rows "
+                f"and {quarantined[p]} quarantined: the transform made more than one row of a record; nothing was "
+                "committed", partition=str(p), records=records[p], rows=rows[p])
+    total = {"written": sum(rows.values()), "quarantined": sum(quarantined.values())}
+    total["filtered"] = sum(records.values()) - total["written"] - total["quarantined"]
+    return total
+
+
+def _commit(part: Part, ledger: Ledger, files, expected, new_positions, record) -> CommitOutcome:
+    try:
+        outcome = commit(ledger, files, expected, new_positions, part.partitions, record)
+    except CommitConflict as conflict:
+        if not conflict.evidence.get("attempted"):  # refused before any commit attempt: the files are ours alone
+            delete_files(ledger.table_uri, files, ledger.storage_options)
+        # The batch loop re-reads the positions and goes on from wherever they are now.
+        log.warning("pipeline %s: %s; continuing from the new positions", part.pipeline, conflict)
+        return CommitOutcome("conflict", None)
+    if outcome.status == "already_committed":
+        log.warning("pipeline %s: %s already holds this range (another run committed it); dropping our files",
+                    part.pipeline, ledger.table_uri)
+        delete_files(ledger.table_uri, files, ledger.storage_options)
+    elif outcome.status == "lost_race":
+        # After a commit attempt the files are left alone; vacuum(full=True) removes them.
+        log.warning("pipeline %s: %s: a concurrent run committed this range first", part.pipeline, ledger.table_uri)
+    return outcome
+
+
+def _delete(part: Part, files: list[DataFile], storage_options: Mapping[str, str] | None) -> None:
+    for table, uri in (("main", part.table_uri), ("quarantine", part.quarantine_uri)):
+        delete_files(uri, [f for f in files if f.table == table], storage_options)

@@ -1,0 +1,375 @@
+"""Pipeline configuration: the model of a pipeline file (pydantic), its defaults and its checks.
+
+The model is the one definition of a pipeline file: it validates, it fills defaults, and its JSON
+Schema (`oncemore schema`) lets editors complete and check pipeline files. Errors name the key and
+the problem, never a value (a value may be a substituted secret), and are raised before anything
+runs; loading.py reads the files into it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from oncemore.config.values import (
+    Cron,
+    OffsetBound,
+    Options,
+    Positive,
+    StartingOffsets,
+    key_problem,
+    parse_timestamp_ms,
+)
+from oncemore.core.columns import SchemaError, check_partition_by, decoded_schema, key_type
+from oncemore.core.ddl import check_json_types, parse_ddl
+from oncemore.core.redaction import redact
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+TopicName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+
+
+class Source(_Model):
+    """Where records come from: one topic, several, or every topic matching a pattern, of one cluster."""
+
+    bootstrap_servers: StrictStr = Field(min_length=1)
+    topic: TopicName | None = None
+    topics: tuple[TopicName, ...] | None = Field(default=None, min_length=1)
+    topic_pattern: StrictStr | None = Field(
+        default=None, description="a regex the whole topic name matches (Spark's subscribePattern); "
+                                  "resolved again by every run, internal topics (__...) never match")
+    starting_offsets: StartingOffsets = Field(
+        default=OffsetBound("earliest"),
+        description="Where topics and partitions without a position start; defaults to airflow.start_date when set.")
+    kafka_options: Options = Field(default_factory=dict, description="librdkafka settings; ${ENV} for secrets")
+    # A read that makes no progress for this long fails, naming partition and position
+    # (a broker that never answers with OFFSET_OUT_OF_RANGE would otherwise hang the job).
+    stall_timeout_seconds: float = Field(default=60.0, gt=0, strict=False)
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _no_bootstrap_option(cls, value: dict[str, str]) -> dict[str, str]:
+        if "bootstrap.servers" in value:
+            raise key_problem("bootstrap.servers", "set source.bootstrap_servers instead")
+        return value
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> "Source":
+        given = [key for key in ("topic", "topics", "topic_pattern") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise key_problem("topic", "set exactly one of topic, topics and topic_pattern"
+                         + (f" (found {', '.join(given)})" if given else ""))
+        if self.topics is not None and len(set(self.topics)) != len(self.topics):
+            raise key_problem("topics", "names a topic twice")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise key_problem("topic_pattern", f"is not a valid regular expression: {exc}") from None
+        if self.topic is None and any(t is None for t, _ in self.starting_offsets.offsets):
+            raise key_problem("starting_offsets", 'name the topic of each offset ({"orders": {"0": 42}}): the pipeline '
+                                             "reads several topics")
+        return self
+
+    @property
+    def topic_names(self) -> tuple[str, ...] | None:
+        """The topics named in the config; None for a pattern (resolved by each run)."""
+        return (self.topic,) if self.topic is not None else self.topics
+
+    def subscribes(self, topic: str) -> bool:
+        if self.topic_pattern is None:
+            return topic in self.topic_names
+        return not topic.startswith("__") and re.fullmatch(self.topic_pattern, topic) is not None
+
+    def describe_subscription(self) -> str:
+        if self.topic_pattern is not None:
+            return f"topics matching {self.topic_pattern}"
+        return f"topic {self.topic}" if self.topic is not None else f"topics {', '.join(self.topics)}"
+
+    def kafka_config(self) -> dict[str, str]:
+        """librdkafka settings shared by every client of this pipeline (secrets included)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_options}
+
+
+class Sink(_Model):
+    """Where records go: the main table and the quarantine table for records that cannot be stored."""
+
+    table_uri: StrictStr = Field(min_length=1)
+    quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
+    partition_by: tuple[StrictStr, ...] = Field(default=(), description="columns of the table, those a transform "
+                                                                       "derives included")
+    schema_evolution: Literal["add_columns", "fail"] = Field(
+        default="add_columns", description="add_columns: a new nullable field of the schema becomes a column in the "
+                                           "commit of the first data that has it; fail: any change stops the run")
+    # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
+    storage_options: Options = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
+
+    @model_validator(mode="after")
+    def _safe_commits_on_s3(self) -> "Sink":
+        # S3 has no atomic put-if-absent rename: two writers could both "win" a commit. delta-rs
+        # commits safely with a conditional put (ETag) or a DynamoDB lock; never the unsafe rename.
+        if urlsplit(self.table_uri).scheme not in ("s3", "s3a"):
+            return self
+        options = {k.upper(): v for k, v in self.storage_options.items()}
+        if options.get("AWS_S3_ALLOW_UNSAFE_RENAME", "false").lower() == "true":
+            raise key_problem("storage_options.AWS_S3_ALLOW_UNSAFE_RENAME",
+                         "lets two writers both commit a version; use conditional_put (the default) or a lock")
+        if "CONDITIONAL_PUT" not in options and "AWS_S3_LOCKING_PROVIDER" not in options:
+            object.__setattr__(self, "storage_options", {**self.storage_options, "conditional_put": "etag"})
+        return self
+
+    @model_validator(mode="after")
+    def _quarantine_apart(self) -> "Sink":
+        if self.quarantine_uri is None:
+            object.__setattr__(self, "quarantine_uri", self.table_uri.rstrip("/") + "_quarantine")
+        elif self.quarantine_uri.rstrip("/") == self.table_uri.rstrip("/"):
+            raise key_problem("quarantine_uri", "must differ from table_uri")
+        return self
+
+
+class Format(_Model):
+    """How a record's value (``format``) or key (``key``) is decoded.
+
+    json: the declared Spark DDL (``schema``); avro and protobuf: Confluent's wire format, each
+    record's writer schema fetched by ID from ``schema_registry`` and the table's from the
+    subject's latest version (a declared ``schema`` is then checked against it); raw: the bytes;
+    string: UTF-8 text."""
+
+    type: Literal["json", "avro", "protobuf", "raw", "string"]
+    ddl: StrictStr | None = Field(default=None, alias="schema",
+                                  description="Spark DDL, e.g. 'id BIGINT, customer STRUCT<name: STRING, zip: STRING>'")
+    schema_registry: Options | None = Field(
+        default=None, description="confluent-kafka SchemaRegistryClient settings (url, basic.auth.user.info, ...); "
+                                  "${ENV} for secrets")
+    subject: StrictStr | None = Field(default=None, description="default <topic>-value (<topic>-key for keys)")
+    message: StrictStr | None = Field(default=None, description="protobuf: the message's full name (default: the "
+                                                                "schema's first message)")
+    confluent_framing: StrictBool = Field(default=False, description="json: values carry Confluent's JSON Schema "
+                                                                     "serializer header (magic byte, schema ID)")
+
+    @model_validator(mode="after")
+    def _settings_fit_type(self) -> "Format":
+        registered = self.type in ("avro", "protobuf")
+        if self.type == "json" and not self.ddl:
+            raise key_problem("schema", "is required for json (Spark DDL, e.g. 'id BIGINT, name STRING')")
+        if self.ddl and self.type in ("raw", "string"):
+            raise key_problem("schema", f"does not apply to type {self.type}")
+        if self.ddl:
+            try:
+                check_json_types(parse_ddl(self.ddl)) if self.type == "json" else parse_ddl(self.ddl)
+            except SchemaError as exc:
+                raise key_problem("schema", str(exc)) from None
+        if registered and not (self.schema_registry or {}).get("url"):
+            raise key_problem("schema_registry", f"with a url is required for {self.type}")
+        if self.confluent_framing and self.type != "json":
+            raise key_problem("confluent_framing", "applies to type json (avro and protobuf are always framed)")
+        if self.schema_registry is not None and not (registered or self.confluent_framing):
+            raise key_problem("schema_registry", f"does not apply to type {self.type}")
+        if self.subject is not None and not registered:
+            raise key_problem("subject", f"does not apply to type {self.type}")
+        if self.message is not None and self.type != "protobuf":
+            raise key_problem("message", "applies to type protobuf")
+        return self
+
+    @property
+    def declared(self) -> pa.Schema | None:
+        """The declared columns (Arrow), when a schema is declared."""
+        return parse_ddl(self.ddl) if self.ddl else None
+
+
+class PythonTransform(_Model):
+    python: StrictStr = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                              description="package.module:function, taking and returning a Spark DataFrame")
+
+
+class Expectation(_Model):
+    """A Spark SQL predicate every row must satisfy after the transform (a NULL result fails it)."""
+
+    name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    check: StrictStr = Field(min_length=1, description="Spark SQL predicate, e.g. 'amount > 0'")
+    on_fail: Literal["quarantine", "fail"] = "quarantine"
+
+
+class Limits(_Model):
+    max_records_per_commit: Positive = 1_000_000
+    # Offsets per Spark task; a larger partition range is split into sub-ranges
+    # (Spark's Kafka source calls this maxRecordsPerPartition).
+    max_records_per_partition: Positive = 1_000_000
+    # Key + value bytes read per commit and per Spark task: a task stops at its share, so large
+    # values make more, smaller commits instead of exhausting memory or Arrow's 2 GiB buffers.
+    max_bytes_per_commit: Positive = 8 << 30
+    max_bytes_per_task: Positive = 256 << 20
+
+
+class AirflowSettings(_Model):
+    """How the pipeline's DAG runs (a pipeline without this block has no DAG: CLI only). Runs cover
+    data intervals of ``schedule``."""
+
+    schedule: Cron = Field(default="0 * * * *", description="5-field cron or an Airflow preset (@hourly, @daily, ...); "
+                                                            "each run covers one interval of it")
+    start_date: datetime = Field(description="ISO-8601; without a zone, UTC: the first data interval starts here")
+    catchup: StrictBool = False
+    max_active_runs: Positive = 1
+    owner: StrictStr = "oncemore"
+    retries: Annotated[StrictInt, Field(ge=0)] = 2
+    retry_delay_minutes: Annotated[float, Field(gt=0)] = 5.0
+    tags: tuple[StrictStr, ...] = ()
+    spark_conn_id: StrictStr = Field(default="oncemore_spark",
+                                     description="the Spark connection the ingest task's spark-submit uses")
+    spark_connect_conn_id: StrictStr | None = Field(
+        default=None, description="a spark_connect connection: the ingest task runs on that Spark Connect server "
+                                  "instead of spark-submit")
+    kafka_conn_id: StrictStr | None = None
+
+    @field_validator("start_date")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+    @property
+    def start_date_ms(self) -> int:
+        return parse_timestamp_ms(self.start_date)
+
+
+# Vacuum never deletes a file younger than this: an ingestion writes its files before it
+# commits them, and a batch that is still reading must find its files there when it commits.
+VACUUM_RETENTION_FLOOR_HOURS = 24
+
+
+class Maintenance(_Model):
+    """Table upkeep (``oncemore maintain``), run by the pipeline's maintenance DAG on ``schedule``:
+    compaction of small files, a checkpoint, and vacuum of files no version within the retention
+    still needs; and, on ``verify``'s schedule, the audit of the tables (``oncemore verify``)."""
+
+    schedule: Cron = Field(default="30 3 * * *", description="5-field cron or an Airflow preset")
+    target_file_size_mb: Positive = Field(default=128, description="compaction rewrites smaller files into files of about this size")
+    vacuum_retention_hours: StrictInt = Field(
+        default=168, ge=VACUUM_RETENTION_FLOOR_HOURS,
+        description=f"files no version needs and older than this are deleted (at least {VACUUM_RETENTION_FLOOR_HOURS})")
+    verify: Literal["off"] | Cron = Field(
+        default="off", description="off, or a 5-field cron: a maintenance run whose interval holds one of its times "
+                                   "also runs `oncemore verify` (on spark_conn_id) and fails on a discrepancy")
+
+
+class Alert(_Model):
+    """Freshness limits: the DAG's report task fails when a run ends beyond one, naming the partition."""
+
+    max_lag_records: Positive | None = Field(default=None, description="records not yet ingested, per partition")
+    max_lag_minutes: float | None = Field(default=None, gt=0, strict=False,
+                                          description="age of the oldest record not yet ingested, per partition")
+
+
+class Pipeline(_Model):
+    """One pipeline file: a topic into a Delta table, exactly once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="oncemore pipeline")
+
+    name: StrictStr = Field(description="lowercase letters, digits and _, starting with a letter; in the pipelines "
+                                          "directory, the file's name")
+    source: Source
+    sink: Sink
+    format: Format
+    key: Format | None = Field(default=None, description="how record keys are decoded into column `key` (raw: "
+                                                         "BINARY); no key column when absent, but for format raw")
+    headers: StrictBool = Field(default=False, description="add column headers ARRAY<STRUCT<key: STRING, value: "
+                                                           "BINARY>> (repeated keys kept in order)")
+    transform: StrictStr | PythonTransform | None = Field(
+        default=None, description="Spark SQL over the view `records`, or {python: module:function}; a record maps "
+                                  "to at most one row and the _kafka_* columns must stay")
+    expectations: tuple[Expectation, ...] = ()
+    limits: Limits = Limits()
+    fail_on_data_loss: StrictBool = True
+    # Mirror the table's positions to consumer group oncemore.<name> after each commit, for lag
+    # tools (kafka-consumer-groups, Burrow, exporters). Never read back: the Delta log is the truth.
+    commit_consumer_group: StrictBool = False
+    alert: Alert = Alert()
+    maintenance: Maintenance | None = None
+    airflow: AirflowSettings | None = Field(default=None, description="the pipeline's Airflow DAG; without it, no DAG")
+    _origin: str = PrivateAttr("<config>")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_an_identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+            raise PydanticCustomError("name", "must be lowercase letters, digits and _ starting with a letter")
+        return value
+
+    @model_validator(mode="after")
+    def _start_at_start_date(self) -> "Pipeline":
+        # A scheduled pipeline starts with its first data interval.
+        if self.airflow is not None and "starting_offsets" not in self.source.model_fields_set:
+            bound = OffsetBound(kind="timestamp", timestamp_ms=self.airflow.start_date_ms)
+            object.__setattr__(self, "source", self.source.model_copy(update={"starting_offsets": bound}))
+        return self
+
+    @model_validator(mode="after")
+    def _records_shape(self) -> "Pipeline":
+        if self.key is not None and self.key.confluent_framing is False and self.key.type == "json" and not self.key.ddl:
+            raise key_problem("key.schema", "is required for json")
+        names = [f.name.lower() for f in self.format.declared or []]
+        for column, taken in (("key", self.key is not None or self.format.type == "raw"), ("headers", self.headers)):
+            if taken and column in names:
+                raise key_problem("format.schema", f"declares a column {column!r}, which the record's {column} takes")
+        names = {e.name for e in self.expectations}
+        if len(names) != len(self.expectations):
+            raise key_problem("expectations", "names an expectation twice")
+        if self.static_columns() is not None:
+            try:
+                check_partition_by(self.static_columns(), self.sink.partition_by)
+            except SchemaError as exc:
+                raise key_problem("sink.partition_by", str(exc)) from None
+        return self
+
+    @property
+    def origin(self) -> str:
+        """The file the pipeline was loaded from."""
+        return self._origin
+
+    @property
+    def shapes_in_spark(self) -> bool:
+        """Records go through Spark DataFrames (a transform or expectations): else they stay in
+        the Python workers, decoded and written in one pass."""
+        return self.transform is not None or bool(self.expectations)
+
+    def static_columns(self) -> pa.Schema | None:
+        """The table's columns when the config alone tells them (no registry, no transform)."""
+        if self.shapes_in_spark or self.format.type in ("avro", "protobuf") or (
+                self.key is not None and self.key.type in ("avro", "protobuf")):
+            return None
+        return decoded_schema(self.format.type, self.format.declared, key_type(self.key, self.format.type,
+                                                                               self.key.declared if self.key else None),
+                              self.headers)
+
+    def redacted(self) -> dict[str, Any]:
+        """The pipeline as a plain dict safe to print or log: secret option values masked."""
+        shown = self.model_dump(mode="json", by_alias=True)
+        shown["source"]["kafka_options"] = redact("kafka", self.source.kafka_options)
+        shown["sink"]["storage_options"] = redact("storage", self.sink.storage_options)
+        for block in ("format", "key"):
+            if shown.get(block) and shown[block].get("schema_registry") is not None:
+                shown[block]["schema_registry"] = redact("registry", shown[block]["schema_registry"])
+        return shown
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of pipeline files, for editors (`oncemore schema`)."""
+    return Pipeline.model_json_schema(by_alias=True)

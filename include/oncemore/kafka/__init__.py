@@ -1,0 +1,5 @@
+"""Kafka as oncemore talks to it: a pipeline's clients and the log's facts (offsets by
+time, log bounds, topic identities) with the one loop that reads a range (clients.py), and a
+range read into bounded Arrow batches (batches.py). Below the plan: planning asks the log where
+ranges may start and end.
+"""

@@ -1,0 +1,194 @@
+"""``oncemore check``: a preflight for people adding pipelines. After a pipeline's config loads, it
+checks that the brokers answer, each topic exists (its partitions and topic ID), the table's
+positions may be continued (the same checks a run makes before it plans: whose table it is, the
+topics' identity, positions within the log), the schema registry has the subjects the formats
+read, what the records become (the table's schema from them and from the transform, as Spark's
+analysis says: columns a transform, an expectation or ``partition_by`` names that do not exist
+are named here, not by the run), and each table location holds a table oncemore can write and
+that takes that schema, or is a place where the first run can create one. One ``Check`` per line.
+
+Invariant: it writes nothing anywhere. Kafka is asked for the whole cluster's metadata (a named
+topic's Metadata request may auto-create it), DescribeTopics and ListOffsets, the registry for the
+subjects' latest schemas, storage for a table's log or the directory or bucket a table would go
+in: no table, directory, consumer group or topic is created. Spark is started only for a pipeline
+with a transform or expectations, and reads no record. Whether an object store takes writes can
+only be learned by writing, so there the check says it was not tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from oncemore.commit.tablefeatures import check_writable
+from oncemore.config.model import Pipeline
+from oncemore.core.columns import QUARANTINE_SCHEMA
+from oncemore.core.errors import OncemoreError, root_cause
+from oncemore.core.storage import location_problem, table_location
+from oncemore.decode.resolve import resolve
+from oncemore.kafka import clients
+from oncemore.plan.continuity import check_continuity
+from oncemore.plan.ledger import Ledger, open_table
+
+
+@dataclass(frozen=True)
+class Check:
+    subject: str  # the pipeline's name, or the file of a config that does not load
+    what: str
+    problem: str | None  # None: passed
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def line(self) -> str:
+        return f"{'ok    ' if self.ok else 'FAILED'} {self.subject}: {self.what}: {self.detail if self.ok else self.problem}"
+
+
+def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> list[Check]:
+    """Every check of a loaded pipeline (module docstring), in order; a check that could not be
+    asked because an earlier one failed is not listed. A check failing in a way nobody foresaw is
+    a failed check too, never the end of the others. ``spark_factory()``: the session that
+    analyses a transform (called only for a pipeline that has one, or expectations)."""
+    name = pipeline.name
+    checks = [Check(name, "config", None, pipeline.origin)]
+    topics = list(pipeline.source.topic_names or ())  # the configured ones (none for a pattern) until Kafka answers
+    try:
+        admin = clients.admin_client(pipeline)
+        metadata = clients.cluster_metadata(admin, pipeline)
+    except Exception as exc:  # KafkaSourceError; or librdkafka refusing a kafka_options setting
+        checks.append(Check(name, "kafka", _cause(exc)))
+    else:
+        checks.append(Check(name, "kafka", None, f"{pipeline.source.bootstrap_servers} answers (cluster "
+                                                 f"{metadata.cluster_id}, {len(metadata.brokers)} brokers)"))
+        try:
+            source = clients.describe_source(admin, pipeline)
+        except Exception as exc:
+            checks.append(Check(name, "topics", _cause(exc)))
+        else:
+            topics = sorted(source.identities)
+            for topic in topics:
+                count = sum(1 for p in source.partitions if p.topic == topic)
+                topic_id = source.identities[topic].topic_id or "none (a broker before Kafka 2.8)"
+                checks.append(Check(name, f"topic {topic}", None, f"{count} partitions, topic ID {topic_id}"))
+            checks.append(_positions(pipeline, admin, source))
+    registry = _registry(pipeline, topics)
+    checks += registry
+    tables = table_checks(pipeline)
+    if all(c.ok for c in registry + tables):
+        tables.insert(0, _records(pipeline, topics, spark_factory))
+    checks += tables
+    airflow = pipeline.airflow
+    checks.append(Check(name, "airflow", None, "no airflow block: no DAG (CLI only)" if airflow is None else
+                        f"a DAG on {airflow.schedule} (UTC) from {airflow.start_date.isoformat()}"))
+    return checks
+
+
+def table_checks(pipeline: Pipeline) -> list[Check]:
+    """Both tables: each holds a table oncemore can write, or one can be created there."""
+    return [_table(pipeline, "table", pipeline.sink.table_uri),
+            _table(pipeline, "quarantine table", pipeline.sink.quarantine_uri)]
+
+
+def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
+    blocks = [b for b, fmt in (("format", pipeline.format), ("key", pipeline.key)) if fmt is not None and fmt.schema_registry]
+    if not blocks:
+        return []
+    what = "schema registry"
+    if not topics:
+        return [Check(pipeline.name, what, "not asked: no topic of the pipeline is known (see above)")]
+    try:
+        spec = resolve(pipeline, topics)
+    except Exception as exc:  # RegistryError, FormatError: both name the registry, subject and cause
+        return [Check(pipeline.name, what, _cause(exc))]
+    found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
+    return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
+
+
+def _positions(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
+    """The checks a run makes before it plans (continuity.py), on the table's positions now."""
+    what = "positions"
+    try:
+        ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
+        table = ledger.snapshot()
+        positions = ledger.positions(source.partitions, table)
+        check_continuity(pipeline, ledger, table, positions, source.identities,
+                         clients.log_bounds(admin, pipeline, source.partitions))
+    except Exception as exc:  # PlanError: another pipeline's table, a recreated topic, expired positions, ...
+        return Check(pipeline.name, what, _cause(exc))
+    held = sum(v is not None for v in positions.values())
+    if not held:
+        return Check(pipeline.name, what, None, f"none yet: the first run starts at "
+                                                f"{pipeline.source.starting_offsets.describe()}")
+    return Check(pipeline.name, what, None, f"{held} of {len(positions)} partitions hold one, each continues "
+                                            "on its topic")
+
+
+def _records(pipeline: Pipeline, topics: list[str], spark_factory: Callable[[], object]) -> Check:
+    """What the records become: the table's schema (the transform's, as Spark analyses it), its
+    partition columns, and whether the existing table takes it (``sink.schema_evolution``)."""
+    from oncemore.decode.resolve import registries
+
+    what = "records"
+    try:
+        from oncemore.run.prepare import table_schema  # no pyspark unless the pipeline shapes records in Spark
+
+        schema = table_schema(pipeline, resolve(pipeline, topics), registries(pipeline), spark_factory)
+        table = open_table(table_location(pipeline.sink.table_uri), pipeline.sink.storage_options)
+        added = _evolution(pipeline, table, schema) if table is not None else []
+    except Exception as exc:  # TransformRefused, SchemaChangeRefused, ...
+        return Check(pipeline.name, what, _cause(exc))
+    shaped = "after the transform" if pipeline.transform is not None else "decoded"
+    gains = f"; the table gains {', '.join(added)} at the next run" if added else ""
+    return Check(pipeline.name, what, None, f"{len(schema)} columns {shaped}{gains}")
+
+
+def _evolution(pipeline: Pipeline, table, schema) -> list[str]:
+    """The columns the table gains for ``schema``; SchemaChangeRefused when it cannot take it."""
+    import json
+
+    from pyspark.sql.types import StructType
+
+    from oncemore.commit.evolution import evolve, spark_schema
+
+    where = f"pipeline {pipeline.name}: table {pipeline.sink.table_uri}"
+    current = StructType.fromJson(json.loads(table.schema().to_json()))
+    return evolve(current, spark_schema(schema), pipeline.sink.schema_evolution, where)[1]
+
+
+def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
+    options = pipeline.sink.storage_options
+    problem = location_problem(table_uri, options)
+    if problem:
+        return Check(pipeline.name, what, f"{table_uri}: {problem}")
+    try:
+        table = open_table(table_location(table_uri), options)
+    except Exception as exc:  # permissions, a broken log
+        return Check(pipeline.name, what, f"{table_uri}: cannot be read: {_cause(exc)}")
+    if table is not None:
+        return _existing(pipeline, what, table_uri, table)
+    local = "://" not in table_location(table_uri)
+    return Check(pipeline.name, what, None, f"{table_uri}: no table yet; the first run creates it" + (
+        "" if local else " (whether the store takes writes shows then: checking would write)"))
+
+
+def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
+    from oncemore.commit.tables import check_partitioning  # pyspark's types: only once there is a table
+
+    try:
+        check_writable(table, table_uri)
+        check_partitioning(table, table_uri, pipeline.sink.partition_by if what == "table" else ())
+    except Exception as exc:
+        return Check(pipeline.name, what, _cause(exc))
+    if what == "quarantine table":
+        columns = set(table.schema().to_arrow().names)
+        missing = [f.name for f in QUARANTINE_SCHEMA if f.name not in columns]
+        if missing:
+            return Check(pipeline.name, what, f"{table_uri} is not a quarantine table: it has no {', '.join(missing)}")
+    return Check(pipeline.name, what, None, f"{table_uri}: a Delta table at version {table.version()} oncemore can write")
+
+
+def _cause(exc: Exception) -> str:
+    """One line: oncemore's own errors as they are, others as root_cause says them."""
+    return str(exc) if isinstance(exc, (OncemoreError, clients.KafkaSourceError)) else root_cause(exc)

@@ -1,0 +1,126 @@
+"""What one oncemore commit did, as stored in its commitInfo under the key ``oncemore``: a batch
+(ranges, records, gaps, the log end it planned to, how long it took) or a deliberate reset (old
+and new positions), and the topic IDs and cluster ID the offsets refer to.
+
+A contract: the CLI, Airflow's report task, the UI and ``oncemore verify`` read it. Every format
+ever written stays readable: ``from_json`` brings older records to the current shape.
+
+Formats: 1 the batch; 2 topic, topic_id, cluster_id, bytes_read and reset; 3 log_end and
+duration_ms; 4 the commit also states the identity and owner txns (ledger.Claims); 5 several
+topics: ``topic_ids`` {topic: ID} instead of topic/topic_id, ``log_end`` and reset positions per
+topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each);
+6 ``profile``: milliseconds per phase of the work before the commit (core/stopwatch.py); 7 ``deletion``:
+rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from oncemore import __version__
+from oncemore.core.coordinates import KafkaPartition, flat
+
+METADATA_KEY = "oncemore"
+FORMAT_VERSION = 7
+
+Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Offsets skipped because the log no longer held them (fail_on_data_loss: false)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A deliberate move of positions (``oncemore reset``): from where to where, per partition."""
+
+    from_positions: Nested  # {topic: {partition: offset or None}}
+    to_positions: Nested
+    to: str  # the bound as the user stated it
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """Rows removed on purpose (``oncemore delete``): the predicate as the user stated it, and the
+    offsets of the removed rows, as spans per partition."""
+
+    where: str
+    offsets: Mapping[str, Mapping[str, list[list[int]]]]  # {topic: {partition: [[start, end], ...]}}, end excluded
+    rows: int
+
+    def spans(self) -> dict[KafkaPartition, list[tuple[int, int]]]:
+        return {p: [(s, e) for s, e in spans] for p, spans in flat(self.offsets).items()}
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    pipeline: str
+    run_id: str
+    batch_seq: int = 0
+    until: str | None = None
+    ranges: Nested = field(default_factory=dict)  # {topic: {partition: [start, end]}}
+    records: Mapping[str, int] = field(default_factory=lambda: {"written": 0, "quarantined": 0, "filtered": 0})
+    expectations: Mapping[str, int] = field(default_factory=dict)  # {name: rows failing it}, quarantined or not
+    gaps: list[Gap] = field(default_factory=list)
+    topic_ids: Mapping[str, str | None] = field(default_factory=dict)
+    cluster_id: str | None = None
+    bytes_read: int = 0
+    log_end: Nested = field(default_factory=dict)  # {topic: {partition: last stable offset when planned}}
+    duration_ms: int = 0  # reading, writing and committing this batch
+    profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} (core/stopwatch.py)
+    reset: Reset | None = None
+    deletion: Deletion | None = None
+    format_version: int = FORMAT_VERSION
+    oncemore_version: str = __version__
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted(set(self.ranges) | set(self.topic_ids))
+
+    def partition_ranges(self) -> dict[KafkaPartition, tuple[int, int]]:
+        return {key: (start, end) for key, (start, end) in flat(self.ranges).items()}
+
+    def lag(self) -> dict[KafkaPartition, int]:
+        """Records each partition of the batch was behind its log end (as planned) once committed."""
+        ends = flat(self.log_end)
+        return {key: max(ends[key] - end, 0) for key, (_, end) in self.partition_ranges().items() if key in ends}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CommitInfo":
+        data = json.loads(text)
+        version = data.get("format_version", 1)
+        if version < 5:
+            # One topic, named by `topic` (format 1: only by its ranges); partitions keyed alone.
+            topic = data.pop("topic", None) or next(iter(data.get("ranges") or {}), None)
+            topic_id = data.pop("topic_id", None)
+            data["topic_ids"] = {topic: topic_id} if topic is not None else {}
+            if topic is not None:
+                data["log_end"] = {topic: data["log_end"]} if data.get("log_end") else {}
+                if data.get("reset"):
+                    data["reset"] = {**data["reset"], "from_positions": {topic: data["reset"]["from_positions"]},
+                                     "to_positions": {topic: data["reset"]["to_positions"]}}
+        data["gaps"] = [Gap(**g) for g in data.get("gaps", [])]
+        if data.get("reset"):
+            data["reset"] = Reset(**data["reset"])
+        if data.get("deletion"):
+            data["deletion"] = Deletion(**data["deletion"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    version: int
+    timestamp_ms: int
+    record: CommitInfo

@@ -1,0 +1,4 @@
+"""Reading a pipeline back: its status and freshness (status.py), whether a run landed
+(landed.py), the oncemore page's overview (overview.py), and verify, the exactly-once audit from
+the tables alone (verify.py, tablescan.py), with its kept verdict (verdict.py).
+"""

@@ -1,0 +1,136 @@
+"""What an on-call engineer looks at first, per pipeline: its state now (``report.status``) and its
+recent history from the Delta log — batches, records per hour, lag after each commit, quarantine
+counts and a sample of quarantined records.
+
+Read-only, and from the same ledger contract as the CLI: the tables' logs and Kafka, no store of
+its own. Only recent history is read (the newest HISTORY_COMMITS commits, never the whole log), so
+the cost does not grow with the table's age.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from oncemore.config.model import Pipeline
+from oncemore.config.values import format_timestamp_ms
+from oncemore.core.storage import filesystem
+from oncemore.plan.ledger import CommitEntry, Ledger
+from oncemore.report.status import status
+from oncemore.report.verdict import Discrepancy, last_result
+
+HISTORY_COMMITS = 500
+BATCHES_SHOWN = 20
+QUARANTINE_SAMPLE = 10
+VALUE_HEAD_BYTES = 80
+_HOUR_MS = 3_600_000
+
+
+# The page's ledgers live as long as the process (the API server): a view only brings their
+# snapshots up to date and reads the commits that landed since the last view. One view of a
+# pipeline at a time uses them.
+_LEDGERS: dict[tuple, tuple[Ledger, Ledger, threading.Lock]] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledgers(pipeline: Pipeline) -> tuple[Ledger, Ledger, threading.Lock]:
+    sink = pipeline.sink
+    key = (pipeline.name, sink.table_uri, sink.quarantine_uri, tuple(sorted(sink.storage_options.items())))
+    with _LEDGERS_LOCK:
+        if key not in _LEDGERS:
+            _LEDGERS[key] = (Ledger(sink.table_uri, pipeline.name, sink.storage_options),
+                             Ledger(sink.quarantine_uri, pipeline.name, sink.storage_options), threading.Lock())
+        return _LEDGERS[key]
+
+
+def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any]:
+    """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
+    page plots and a sample of quarantined records."""
+    main, quarantine, lock = _ledgers(pipeline)
+    with lock:
+        return _overview(pipeline, main, quarantine, detail)
+
+
+def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool) -> dict[str, Any]:
+    history = main.recent_batches(HISTORY_COMMITS)
+    data = status(pipeline, history, main, quarantine)
+    data["last_commit"] = _batch(history[0]) if history else None
+    data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
+    data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
+    data["verified"] = _verified(pipeline)
+    if detail:
+        data["per_hour"] = per_hour(history)
+        data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
+                                     "lag": sum(e.record.lag().values())}
+                                    for e in reversed(history) if e.record.log_end]
+        data["quarantine_sample"] = quarantine_sample(pipeline, quarantine)
+    return data
+
+
+def _verified(pipeline: Pipeline) -> dict[str, Any] | None:
+    """The last recorded ``oncemore verify`` (verify.py): when, its verdict line, the first discrepancy."""
+    result = last_result(pipeline)
+    if result is None:
+        return None
+    first = result["discrepancies"][0] if result["discrepancies"] else None
+    return {"ok": result["ok"], "at": result["at"], "summary": result["summary"],
+            "first": Discrepancy(**{**first, "versions": tuple(first["versions"])}).line() if first else None}
+
+
+def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
+    """Records written and quarantined per hour of commit time, oldest hour first, empty hours
+    between included."""
+    written: dict[int, int] = defaultdict(int)
+    quarantined: dict[int, int] = defaultdict(int)
+    for entry in history:
+        hour = entry.timestamp_ms // _HOUR_MS
+        written[hour] += entry.record.records.get("written", 0)
+        quarantined[hour] += entry.record.records.get("quarantined", 0)
+    if not written:
+        return []
+    return [{"hour": format_timestamp_ms(h * _HOUR_MS), "written": written[h], "quarantined": quarantined[h]}
+            for h in range(min(written), max(written) + 1)]
+
+
+def quarantine_sample(pipeline: Pipeline, quarantine: Ledger, limit: int = QUARANTINE_SAMPLE) -> list[dict[str, Any]]:
+    """The newest quarantined records (by offset, from the newest files): partition, offset, the
+    error and the first bytes of the value."""
+    table = quarantine.snapshot()
+    if table is None:
+        return []
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()  # arro3 -> pyarrow
+    newest = sorted(zip(actions["modification_time"], actions["path"]), reverse=True)[:limit]
+    if not newest:
+        return []
+    fs, root = filesystem(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
+    rows = ds.dataset([f"{root}/{path}" for _, path in newest], filesystem=fs, format="parquet").to_table(
+        columns=["_kafka_topic", "_kafka_partition", "_kafka_offset", "error", "value"])
+    rows = rows.take(pc.sort_indices(rows, [("_kafka_offset", "descending")])[:limit]).to_pylist()
+    return [{"topic": r["_kafka_topic"], "partition": r["_kafka_partition"], "offset": r["_kafka_offset"], "error": r["error"],
+             "value_head": _head(r["value"])} for r in rows]
+
+
+def _head(value: bytes | None) -> str:
+    if value is None:
+        return ""
+    text = value[:VALUE_HEAD_BYTES].decode("utf-8", errors="backslashreplace")
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # control bytes visible
+    return shown + ("…" if len(value) > VALUE_HEAD_BYTES else "")
+
+
+def _batch(entry: CommitEntry) -> dict[str, Any]:
+    record = entry.record
+    return {
+        "version": entry.version, "time": format_timestamp_ms(entry.timestamp_ms), "run_id": record.run_id,
+        "batch_seq": record.batch_seq,
+        "ranges": {str(p): list(r) for p, r in sorted(record.partition_ranges().items())},
+        "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
+        "filtered": record.records.get("filtered", 0), "expectations": dict(record.expectations),
+        "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
+        "reset": record.reset is not None,
+    }

@@ -1,0 +1,381 @@
+"""``oncemore verify``: the exactly-once contract audited from a pipeline's tables alone.
+
+For the pipeline's commits in the main table's log (every one whose commit file the log keeps;
+``since`` limits item 3 to the commits from that version on), it checks:
+1. history: per partition, each batch starts where the one before ended, or at the end of a gap
+   that batch records, or where a reset put the partition, and a reset moved it from where the
+   history had left it; the snapshot's positions are where the last batch or reset left each
+   partition;
+2. rows: every row of the main and the quarantine table lies in a committed range, and no
+   (topic, partition, offset) is in the tables more often than committed ranges cover it (once;
+   twice where a reset rewound the partition and the offsets were ingested again). A quarantine
+   row at or past the main table's position is *pending*, not a fault: a batch's quarantine
+   commit lands before its main commit, and the batch's next run commits the rest;
+3. counts: per commit, its rows in the main table and in the quarantine table are what its record
+   says it wrote and quarantined, less the rows a deletion recorded removing since (``oncemore
+   delete``). Its other offsets held records a transform filtered (counted in the record) or no
+   record at all (transaction markers, aborted transactions, compaction). A count that differs is
+   named by the partition and offsets Kafka still holds and neither table does, and by the
+   commits that removed rows without an oncemore record (another writer's DELETE, MERGE, ...).
+
+Invariants: it reads the ``_kafka_*`` columns of the files the snapshots list, on Spark
+(tablescan.py), so compaction and vacuum (files rewritten, rows and positions unchanged) never
+change its verdict, and it writes nothing. The main table's snapshot is read first: a batch
+committing meanwhile adds quarantine rows past the main position (pending), never main rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from oncemore.config.model import Pipeline
+from oncemore.core.coordinates import KafkaPartition, flat
+from oncemore.core.errors import OncemoreError
+from oncemore.plan.commitinfo import CommitEntry
+from oncemore.plan.ledger import Ledger
+from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
+from oncemore.run.session import slots
+
+if TYPE_CHECKING:  # tablescan imports PySpark: the oncemore page reads results without it
+    from oncemore.report.tablescan import Coverage
+
+TASK_BYTES = 128 << 20  # Parquet bytes per Spark task
+
+
+class NothingToVerify(OncemoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A stretch of one partition's offsets that the same commits cover."""
+
+    partition: KafkaPartition
+    start: int
+    end: int
+    versions: tuple[int, ...]
+
+
+def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> VerifyReport:
+    """Audits ``pipeline``'s tables (module docstring); ``spark_factory()`` gives the session."""
+    options = pipeline.sink.storage_options
+    main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
+    table = main.snapshot()
+    if table is None:
+        raise NothingToVerify(f"pipeline {pipeline.name}: no table at {pipeline.sink.table_uri} yet")
+    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
+    quarantine_table = quarantine.snapshot()
+    kept = main.kept_versions(table)
+    history = sorted(main.recent_batches(None, table), key=lambda e: e.version)
+    audited = [e for e in history if since is None or e.version >= since]
+    whole_log = bool(kept) and kept[0] == 0
+    report = VerifyReport(pipeline.name, table.version(), quarantine_table.version() if quarantine_table else None,
+                          len(audited), since, whole_log)
+
+    left = _walk(history, report)
+    held = main.positions(left, table)
+    for p, (position, version) in sorted(left.items()):
+        if position is not None and held[p] != position:
+            report.add(Discrepancy("position", p.topic, p.partition, min(position, held[p] or 0),
+                                   max(position, held[p] or 0), (version,),
+                                   f"the snapshot holds position {held[p]}, the last commit left {position}"))
+
+    topics = {p.topic for e in history for p in e.record.partition_ranges()} | set(pipeline.source.topic_names or ())
+    pieces, coverage = _coverage(history, held, whole_log, topics)
+    files = _files(False, table, pipeline.sink.table_uri)
+    removals = _Removals({"main": _deleted(history), "quarantine": {}}, {"main": main.rows_removed_outside(table),
+                                                                         "quarantine": []})
+    if quarantine_table is not None:
+        files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
+        removals.deleted["quarantine"] = _deleted(quarantine.recent_batches(None, quarantine_table))
+        removals.outside["quarantine"] = quarantine.rows_removed_outside(quarantine_table)
+    if files:
+        _audit_rows(spark_factory(), files, coverage, pieces, audited, pipeline, removals, report)
+    return report
+
+
+@dataclass(frozen=True)
+class _Removals:
+    """Rows that left the tables after their batches, by table (main, quarantine): the offsets
+    ``oncemore delete`` recorded removing, and the commits that removed rows without a record."""
+
+    deleted: dict[str, dict[KafkaPartition, list[tuple[int, int]]]]
+    outside: dict[str, list[tuple[int, str]]]  # (version, operation)
+
+    def within(self, what: str, p: KafkaPartition, start: int, end: int) -> int:
+        """How many offsets of [start, end) of ``p`` a recorded deletion removed from table ``what``."""
+        return sum(max(0, min(e, end) - max(s, start)) for s, e in self.deleted[what].get(p, []))
+
+
+def _deleted(entries: list[CommitEntry]) -> dict[KafkaPartition, list[tuple[int, int]]]:
+    """The offsets the deletions among ``entries`` recorded removing, per partition."""
+    spans: dict[KafkaPartition, list[tuple[int, int]]] = {}
+    for entry in entries:
+        if entry.record.deletion is not None:
+            for p, runs in entry.record.deletion.spans().items():
+                spans.setdefault(p, []).extend(runs)
+    return spans
+
+
+def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartition, tuple[int | None, int]]:
+    """Checks each partition's batches follow on (history, item 1); where each partition was left,
+    by which version."""
+    left: dict[KafkaPartition, tuple[int | None, int]] = {}
+    for entry in history:
+        record, version = entry.record, entry.version
+        if record.reset is not None:
+            # A reset's record says where it moved each partition from: the history must agree,
+            # or the record passes a rewind off as deliberate that never was. From no position is
+            # what a reset after expired txn actions states (the snapshot it committed on held none).
+            for p, was in sorted(flat(record.reset.from_positions).items()):
+                position, previous = left.get(p, (was, None))
+                if was is not None and was != position:
+                    report.add(Discrepancy("history", p.topic, p.partition, min(was or 0, position),
+                                           max(was or 0, position), (previous, version),
+                                           f"reset {version} says it moved the partition from {was}, where commit "
+                                           f"{previous} left it at {position}"))
+            for p, to in flat(record.reset.to_positions).items():
+                left[p] = (to, version)
+        for p, (start, end) in sorted(record.partition_ranges().items()):
+            position, previous = left.get(p, (None, None))
+            skipped = any((g.topic, g.partition, g.start, g.end) == (p.topic, p.partition, position, start)
+                          for g in record.gaps)
+            if position is not None and start != position and not skipped:
+                report.add(Discrepancy("history", p.topic, p.partition, min(start, position), max(start, position),
+                                       (previous, version), f"commit {version} starts at {start}, where commit "
+                                                            f"{previous} left the partition at {position}"))
+            left[p] = (end, version)
+    return left
+
+
+def _coverage(history: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
+    """The ranges of every kept commit cut into pieces each covered by the same commits (all of
+    them: a range rewound by a reset overlaps older ones, audited or not), numbered; what the
+    table scan needs to place each row in one."""
+    from oncemore.report.tablescan import OUTSIDE, Coverage
+
+    ranges: dict[KafkaPartition, list[tuple[int, int, int]]] = {}
+    placed: dict[KafkaPartition, int] = {}  # where a reset first placed a partition this pipeline had not read
+    for entry in history:
+        if entry.record.reset is not None:
+            for p, to in flat(entry.record.reset.to_positions).items():
+                if p not in ranges and p not in placed and to is not None:
+                    placed[p] = to
+        for p, (start, end) in entry.record.partition_ranges().items():
+            if start < end:
+                ranges.setdefault(p, []).append((start, end, entry.version))
+    pieces: dict[int, _Piece] = {}
+    partitions = {}
+    for p in set(ranges) | set(held):
+        spans = ranges.get(p, [])
+        bounds = sorted({b for start, end, _ in spans for b in (start, end)})
+        covering: list[list[int]] = [[] for _ in bounds[1:]]
+        for start, end, version in spans:
+            for k in range(bisect.bisect_left(bounds, start), bisect.bisect_left(bounds, end)):
+                covering[k].append(version)
+        segments = []
+        for k, versions in enumerate(covering):
+            if versions:
+                segments.append(len(pieces))
+                pieces[len(pieces)] = _Piece(p, bounds[k], bounds[k + 1], tuple(versions))
+            else:
+                segments.append(OUTSIDE)
+        # Below the first kept range, rows of commits the log no longer keeps (unless it keeps them
+        # all); below where a reset first placed the partition (a take-over, a start on a table that
+        # held rows), rows that were never this pipeline's to account for.
+        start = placed.get(p) if whole_log else min((s for s, _, _ in spans), default=held.get(p))
+        partitions[str(p)] = {"bounds": bounds, "segments": segments, "start": start, "position": held.get(p)}
+    return pieces, Coverage(partitions, tuple(sorted(topics)), whole_log)
+
+
+def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, list[int], int]]:
+    """The snapshot's files as (quarantine, table root, path, its ``_kafka_*`` partition values as
+    text, the positions of its rows a deletion vector deletes, size)."""
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+
+    # Rows deleted by another engine's deletion vectors (delta-spark's DELETE, with the feature on)
+    # are gone from the table though their files stay: they are skipped by position, never read.
+    vectors = pa.table(table.deletion_vectors()).to_pydict()
+    deleted = {unquote(uri): [i for i, keep in enumerate(mask) if not keep]
+               for uri, mask in zip(vectors.get("filepath", []), vectors.get("selection_vector", []))}
+    actions = pa.table(table.get_add_actions(flatten=False)).to_pydict()
+    values = actions.get("partition") or [None] * len(actions["path"])
+    found = [(quarantine, table_uri, path,
+              {k: None if v is None else str(v) for k, v in (parts or {}).items() if k.startswith("_kafka_")},
+              [], size)
+             for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
+    for uri, rows in deleted.items():
+        matching = [f for f in found if uri.endswith("/" + unquote(f[2]).lstrip("/"))]
+        if len(matching) != 1:
+            raise OncemoreError(f"{table_uri}: a deletion vector of {uri} matches {len(matching)} of the snapshot's "
+                                "files: verify cannot tell which rows are deleted")
+        matching[0][4].extend(rows)
+    return found
+
+
+def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
+                pipeline: Pipeline, removals: _Removals, report: VerifyReport) -> None:
+    from pyspark.sql import functions as F
+
+    from oncemore.report.tablescan import BEFORE, FOREIGN, OUTSIDE, PENDING, CoordinatesDataSource
+
+    spark.dataSource.register(CoordinatesDataSource)
+    tasks = _tasks(files, slots(spark))
+    reader = spark.read.format(CoordinatesDataSource.name()).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())
+    for key, value in (pipeline.sink.storage_options or {}).items():
+        reader = reader.option(f"storage.{key}", value)
+    rows = reader.load()
+    per_offset = rows.groupBy("segment", "topic", "partition", "offset").agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("quarantine"), 0).otherwise(1)).alias("main"))
+    per_piece = {r["segment"]: r for r in per_offset.groupBy("segment").agg(
+        F.sum("main").alias("main"), F.sum("n").alias("rows"), F.count(F.lit(1)).alias("offsets"),
+        F.max("n").alias("most")).collect()}
+
+    def rows_of(code: int) -> int:
+        return per_piece[code]["rows"] if code in per_piece else 0
+
+    report.rows = {"main": sum(r["main"] for s, r in per_piece.items() if s >= 0),
+                   "quarantine": sum(r["rows"] - r["main"] for s, r in per_piece.items() if s >= 0),
+                   "pending": rows_of(PENDING), "before": rows_of(BEFORE), "foreign": rows_of(FOREIGN)}
+    if rows_of(OUTSIDE):
+        for r in rows.filter(F.col("segment") == OUTSIDE).orderBy("topic", "partition", "offset").limit(
+                5).collect():
+            report.add(Discrepancy("outside", r["topic"], r["partition"], r["offset"], r["offset"] + 1, (),
+                                   f"a row in the {'quarantine' if r['quarantine'] else 'main'} table, in no "
+                                   "committed range"))
+        report.counts["outside"] = rows_of(OUTSIDE)
+
+    doubled = [s for s, r in per_piece.items() if s >= 0 and r["most"] > len(pieces[s].versions)]
+    if doubled:
+        found = per_offset.filter(F.col("segment").isin(doubled) & (F.col("n") > 1)).orderBy(
+            "topic", "partition", "offset").limit(50).collect()
+        for r in [r for r in found if r["n"] > len(pieces[r["segment"]].versions)][:5]:
+            piece = pieces[r["segment"]]
+            report.add(Discrepancy("duplicate", r["topic"], r["partition"], r["offset"], r["offset"] + 1,
+                                   piece.versions, f"in the tables {r['n']} times ({r['main']} in the main table), "
+                                                   f"committed {len(piece.versions)} time(s)"))
+        report.counts["duplicate"] = sum(per_piece[s]["rows"] - per_piece[s]["offsets"] for s in doubled)
+
+    def in_tables(segments: list[int]) -> set[int]:
+        """The offsets the tables hold in ``segments``."""
+        return {r["offset"] for r in per_offset.filter(F.col("segment").isin(segments)).select("offset").collect()}
+
+    _check_counts(audited, pieces, per_piece, removals, report,
+                  lambda entry, mine: _missing(pipeline, entry, pieces, mine, in_tables))
+
+
+def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, removals: _Removals,
+                  report: VerifyReport, missing: Callable[[CommitEntry, list[int]], dict[KafkaPartition, list[int] | None]]
+                  ) -> None:
+    """Per commit whose offsets no other commit covers: rows in each table as its record says, but
+    for the rows a recorded deletion removed since; where not, the partition at fault (``missing``:
+    per partition, its committed offsets Kafka holds and neither table does; None where Kafka no
+    longer holds the range)."""
+    by_version: dict[int, list[int]] = {}
+    for s, piece in pieces.items():
+        for version in piece.versions:
+            by_version.setdefault(version, []).append(s)
+    for entry in audited:
+        record = entry.record
+        ranges = record.partition_ranges()
+        report.filtered += record.records.get("filtered", 0)
+        mine = by_version.get(entry.version, [])
+        if any(len(pieces[s].versions) > 1 for s in mine):
+            continue  # offsets ingested again after a rewinding reset: counted per offset above
+        rows = {p: [0, 0] for p in ranges}  # per partition: main, quarantine
+        for s in mine:
+            if s in per_piece:
+                rows[pieces[s].partition][0] += per_piece[s]["main"]
+                rows[pieces[s].partition][1] += per_piece[s]["rows"] - per_piece[s]["main"]
+        main, quarantined = sum(m for m, _ in rows.values()), sum(q for _, q in rows.values())
+        removed = {what: sum(removals.within(what, p, s, e) for p, (s, e) in ranges.items())
+                   for what in ("main", "quarantine")}
+        report.rows["deleted"] = report.rows.get("deleted", 0) + sum(removed.values())
+        report.offsets_without_row += sum(e - s for s, e in ranges.values()) - main - quarantined - sum(removed.values())
+        wrong = [(what, found, stated, removed[what]) for what, found, stated in (
+            ("main", main, record.records.get("written", 0)),
+            ("quarantine", quarantined, record.records.get("quarantined", 0))) if found != stated - removed[what]]
+        if not wrong:
+            continue
+        lost = missing(entry, mine)
+        for what, found, stated, deleted in wrong:
+            report.add(_count_discrepancy(entry, what, found, stated, deleted, rows, lost, removals.outside[what]))
+
+
+def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, deleted: int, rows, lost,
+                       outside: list[tuple[int, str]]) -> Discrepancy:
+    """A commit's count that differs from its record (less the rows recorded deletions removed),
+    named by the partition at fault: the one with offsets Kafka holds and neither table does; else
+    (Kafka no longer holds them) every partition's rows beside its range, for a reader to compare.
+    Commits of another writer that removed rows from the table are named with it."""
+    record, ranges = entry.record, entry.record.partition_ranges()
+    since = f" ({deleted} of them deleted since by oncemore delete)" if deleted else ""
+    said = (f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) has {found} rows in the {what} "
+            f"table, its record says {stated}{since}")
+    if outside:
+        said += ("; rows were removed outside oncemore by version(s) "
+                 + ", ".join(f"{v} ({operation})" for v, operation in outside))
+    at_fault = sorted(p for p, offsets in lost.items() if offsets)
+    if at_fault:
+        p = at_fault[0]
+        offsets = lost[p]
+        named = ", ".join(map(str, offsets[:EXAMPLES])) + (f" and {len(offsets) - EXAMPLES} more" if len(offsets) > EXAMPLES else "")
+        filtered = "; a transform may have filtered some of them" if record.records.get("filtered") else ""
+        detail = (f"{said}: offset(s) {named} of {p} are in Kafka and in neither table{filtered}"
+                  + (f" (also in {', '.join(map(str, at_fault[1:]))})" if len(at_fault) > 1 else ""))
+        return Discrepancy("count", p.topic, p.partition, *ranges[p], (entry.version,), detail)
+    gone = [p for p, offsets in lost.items() if offsets is None]
+    per_partition = ", ".join(f"{p} [{s}, {e}): {rows[p][0]} + {rows[p][1]} rows" for p, (s, e) in sorted(ranges.items()))
+    p, (start, end) = min(ranges.items())
+    why = "Kafka no longer holds the range" if gone else "every record Kafka holds is in a table"
+    return Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
+                       f"{said} ({why}; main + quarantine rows per partition: {per_partition})")
+
+
+def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, _Piece], mine: list[int],
+             in_tables: Callable[[list[int]], set[int]]) -> dict[KafkaPartition, list[int] | None]:
+    """Per partition of a commit, the offsets of its range that hold a record in Kafka (read as a
+    run reads them) and are in neither table; None where Kafka no longer holds the range or cannot
+    be read."""
+    from oncemore.kafka import clients
+
+    ranges = entry.record.partition_ranges()
+    try:  # asked first: reading a range Kafka no longer holds would wait out the stall timeout
+        log = clients.log_bounds(clients.admin_client(pipeline), pipeline, ranges)
+    except clients.KafkaSourceError:  # the topic is gone, or Kafka cannot be reached
+        return {p: None for p in ranges}
+    config = clients.consumer_config(pipeline)
+    found: dict[KafkaPartition, list[int] | None] = {}
+    for p, (start, end) in sorted(ranges.items()):
+        where = f"pipeline {pipeline.name}: verify: {p}"
+        if not log[p].earliest <= start <= end <= log[p].latest:
+            found[p] = None
+            continue
+        try:
+            with clients.range_consumer(config) as consumer:
+                held = {m.offset() for batch in clients.read_messages(consumer, p.topic, p.partition, start, end,
+                                                                    pipeline.source.stall_timeout_seconds, where)
+                        for m in batch}
+        except (clients.KafkaReadError, clients.KafkaSourceError):
+            found[p] = None
+            continue
+        found[p] = sorted(held - in_tables([s for s in mine if pieces[s].partition == p]))
+    return found
+
+
+def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict, list[int]]]]:
+    """The files in about as many tasks as slots, or TASK_BYTES each, whichever is more, by size."""
+    total = sum(f[5] for f in files)
+    count = min(len(files), max(slots, -(-total // TASK_BYTES)))
+    tasks: list[list] = [[] for _ in range(count)]
+    load = [0] * count
+    for quarantine, root, path, values, deleted, size in sorted(files, key=lambda f: -f[5]):
+        lightest = load.index(min(load))
+        tasks[lightest].append((quarantine, root, path, values, deleted))
+        load[lightest] += size
+    return [t for t in tasks if t]

@@ -1,0 +1,230 @@
+"""``oncemore_delta``: the Spark Python Data Source writer at the end of a run's DataFrame, whose
+driver-side ``commit(messages)`` is the part's Delta commits.
+
+Each writing task (``write``) takes the shaped rows of any Kafka partitions, splits off the rows
+failing an expectation (quarantined as the row the transform made, in JSON, with the
+expectation's name; or, for ``on_fail: fail``, failing the task naming expectation, topic,
+partition and offset) and rows a Delta table could not read back (an empty string as a partition
+value), and writes the rest in the table's schema; its message lists its files and counts.
+``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
+to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
+Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
+with, goes to the staging area for the run. Before committing, ``commit`` leaves a mark there:
+from then on a commit may have landed with these files, so ``abort`` (which Spark calls when a
+task or ``commit`` fails) deletes them only while the mark is absent; commit_part deletes the
+files it knows were never committed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from oncemore.commit.committer import delete_files
+from oncemore.commit.inputs import RangeResult
+from oncemore.commit.part import Part, Written, commit_part
+from oncemore.core.columns import (
+    METADATA_FIELDS,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    QUARANTINE_SCHEMA,
+    TIMESTAMP,
+    TIMESTAMP_COLUMN,
+    TOPIC_COLUMN,
+    schema_from_text,
+)
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.errors import OncemoreError, error_to_json
+from oncemore.core.stopwatch import Stopwatch
+from oncemore.run.staging import Staging
+from oncemore.shape.transform import VERDICT_PREFIX
+from oncemore.write.files import DataFile, TableWriter, conform, unstorable_partition_values
+
+NAME = "oncemore_delta"
+COMMIT_BEGUN = "commit-begun"
+
+
+class ExpectationFailed(OncemoreError):
+    """A row failed an expectation whose ``on_fail`` is ``fail``."""
+
+
+@dataclass
+class WrittenFiles(WriterCommitMessage):
+    files: list[dict]
+    violations: dict[str, int]
+    violations_by_partition: dict[str, int]
+    write_seconds: float = 0.0
+
+
+class DeltaSinkDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema, overwrite: bool) -> "DeltaSinkWriter":
+        return DeltaSinkWriter(self.options)
+
+
+class DeltaSinkWriter(DataSourceArrowWriter):
+    """Options: ``part`` (commit.part.Part JSON), ``tableSchema`` (Arrow IPC, base64),
+    ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``keepRows``
+    (false: the rows are the records, read only for the quarantine, none kept), ``floors``
+    ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
+
+    def __init__(self, options):
+        self.part = Part.from_json(options["part"])
+        self.table_schema = schema_from_text(options["tableSchema"])
+        self.expectations = json.loads(options["expectations"])
+        self.keep_rows = json.loads(options["keepRows"])
+        self.floors = json.loads(options["floors"])
+        self.storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
+        if not self.keep_rows:
+            for _ in iterator:  # the reading tasks run to the end of their ranges
+                pass
+            return WrittenFiles([], {}, {})
+        main = TableWriter("main", self.part.table_uri, self.table_schema, self.part.partition_by, self.storage)
+        quarantine = TableWriter("quarantine", self.part.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage)
+        violations: Counter = Counter()
+        by_partition: Counter = Counter()
+        verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(self.expectations))]
+        watch = Stopwatch()
+        for batch in iterator:
+            rows = pa.Table.from_batches([batch])
+            errors = self._failed_expectations(rows, verdicts, violations)
+            rows = rows.drop_columns(verdicts)
+            for i, message in unstorable_partition_values(rows, self.part.partition_by).items():
+                errors.setdefault(i, message)
+            if errors:
+                failing = sorted(errors)
+                bad = rows.take(failing)
+                for text in (f"{t}/{p}" for t, p in zip(bad.column(TOPIC_COLUMN).to_pylist(),
+                                                         bad.column(PARTITION_COLUMN).to_pylist())):
+                    by_partition[text] += 1
+                with watch.timing("write"):
+                    quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
+                keep = pa.array([i not in errors for i in range(rows.num_rows)])
+                rows = rows.filter(keep)
+            if rows.num_rows:
+                with watch.timing("write"):
+                    main.write(conform(rows, self.table_schema))
+        with watch.timing("write"):
+            files = main.close() + quarantine.close()
+        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition), watch.seconds["write"])
+
+    def _failed_expectations(self, rows: pa.Table, verdicts: list[str], violations: Counter) -> dict[int, str]:
+        errors: dict[int, str] = {}
+        for expectation, column in zip(self.expectations, verdicts):
+            failing = pc.indices_nonzero(pc.invert(rows.column(column))).to_pylist()
+            if not failing:
+                continue
+            violations[expectation["name"]] += len(failing)
+            if expectation["on_fail"] == "fail":
+                first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(failing[0], 1).to_pylist()[0]
+                raise ExpectationFailed(
+                    f"pipeline {self.part.pipeline}: expectation {expectation['name']} failed for "
+                    f"{first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset {first[OFFSET_COLUMN]} "
+                    f"({len(failing)} rows of this task); nothing was committed",
+                    expectation=expectation["name"], topic=first[TOPIC_COLUMN], partition=first[PARTITION_COLUMN],
+                    offset=first[OFFSET_COLUMN])
+            for i in failing:
+                errors.setdefault(i, f"expectation {expectation['name']} failed")
+        return errors
+
+    def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
+        """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
+        bytes are no longer at hand), its coordinates, and the reason; rows under the quarantine
+        table's own position are already there (a crash between a batch's two commits). The
+        transform keeps the coordinates as read (transform.py), but may drop or retype the Kafka
+        timestamp: then it is NULL here, never a reason to fail (every rerun would fail alike)."""
+        metadata = [f.name for f in METADATA_FIELDS]
+        values = [json.dumps(row, default=str).encode()
+                  for row in _python_rows(bad.drop_columns([c for c in metadata if c in bad.column_names]))]
+        stamp = bad.column(TIMESTAMP_COLUMN) if TIMESTAMP_COLUMN in bad.column_names else None
+        if stamp is None or not (pa.types.is_timestamp(stamp.type) and stamp.type.tz is not None):
+            stamp = pa.nulls(bad.num_rows, TIMESTAMP)
+        table = pa.Table.from_arrays(
+            [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string()),
+             bad.column(TOPIC_COLUMN), bad.column(PARTITION_COLUMN), bad.column(OFFSET_COLUMN),
+             stamp.cast(TIMESTAMP)], schema=QUARANTINE_SCHEMA)
+        floors = pa.array([self.floors.get(f"{t}/{p}", 0) for t, p in zip(table.column(TOPIC_COLUMN).to_pylist(),
+                                                                          table.column(PARTITION_COLUMN).to_pylist())],
+                          pa.int64())
+        return table.filter(pc.greater_equal(table.column(OFFSET_COLUMN), floors))
+
+    def _staging(self) -> Staging:
+        return Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
+
+    def commit(self, messages: list[WrittenFiles | None]) -> None:
+        staging = self._staging()
+        results = _one_per_range(RangeResult.from_json(t) for t in staging.get("range-"))
+        written = Written(
+            files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
+            violations=sum((Counter(m.violations) for m in messages if m), Counter()),
+            violations_by_partition={KafkaPartition.parse(k): v for k, v in
+                                     sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
+            write_seconds=sum(m.write_seconds for m in messages if m),
+        )
+        staging.put(COMMIT_BEGUN, "{}")
+        try:
+            outcome = commit_part(self.part, results, written, self.table_schema, self.storage)
+        except Exception as exc:  # handed on as data: raising here would make Spark call abort
+            staging.put("failure", error_to_json(exc))
+            return
+        staging.put("outcome", outcome.to_json())
+
+    def abort(self, messages: list[WrittenFiles | None]) -> None:
+        if self._staging().get(COMMIT_BEGUN):
+            return  # a commit may have landed with these files; vacuum removes the ones none did
+        files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
+        for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):
+            delete_files(uri, [f for f in files if f.table == table], self.storage)
+
+
+def _python_rows(table: pa.Table) -> list[dict]:
+    """The rows as Python values; a row holding a date or timestamp Python cannot (beyond year 9999,
+    which Spark allows) has its dates and times as the integers Arrow stores (days, microseconds)."""
+    try:
+        return table.to_pylist()
+    except (OverflowError, ValueError):
+        pass
+    rows = []
+    stored = table.cast(pa.schema([f.with_type(_stored(f.type)) for f in table.schema]))
+    for i in range(table.num_rows):
+        try:
+            rows.append(table.slice(i, 1).to_pylist()[0])
+        except (OverflowError, ValueError):
+            rows.append(stored.slice(i, 1).to_pylist()[0])
+    return rows
+
+
+def _stored(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every date, time, timestamp and duration as the integer Arrow stores it in."""
+    if pa.types.is_temporal(kind):
+        return pa.int32() if kind.bit_width == 32 else pa.int64()
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_stored(f.type)) for f in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(_stored(kind.key_type), _stored(kind.item_type))
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_stored(kind.value_type)))
+    return kind
+
+
+def _one_per_range(results) -> list[RangeResult]:
+    """One RangeResult per range: a retried or speculative task attempt left another (both read the
+    same records); the other's files are never committed (vacuum removes them). A task's ranges
+    share its files, listed by its last range's result (tasks.TaskFiles): whichever attempt's
+    results are chosen, each range's rows are in exactly one chosen file, as attempts read the same
+    records (a file holding offsets past its range's chosen end fails validation, never commits)."""
+    chosen: dict[tuple, RangeResult] = {}
+    for result in sorted(results, key=lambda r: (r.topic, r.partition, r.start, r.reached)):
+        chosen.setdefault((result.topic, result.partition, result.start), result)
+    return list(chosen.values())

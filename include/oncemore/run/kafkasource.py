@@ -1,0 +1,256 @@
+"""Spark Python Data Sources over exact Kafka offset ranges.
+
+``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
+key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
+to look at a range in Spark. Options follow Spark's Kafka source: ``startingOffsets``
+and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
+``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
+
+What runs read: option ``tasks`` lists the Spark tasks, each a list of ranges ``[[topic,
+partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
+``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
+``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
+Spark redacts the secret ones.
+- ``oncemore_ingest``: records stay in Python. Each range is decoded and written to the task's
+  files of both tables, and the task yields one manifest row per range (commit/inputs.py's RangeResult):
+  crossing into the JVM costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
+- ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
+  ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
+
+Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
+partitions), each importing this module: what only reading needs (the Kafka client, decoders,
+registry clients, Arrow) is imported by the reading task, not here. Spark stops these processes
+after a minute idle, so an hourly run starts them again: the one that finds ``oncemore_ingest``'s
+schema imports no Arrow at all.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from typing import TYPE_CHECKING, Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from oncemore.core import crashpoints
+from oncemore.core.coordinates import KafkaPartition, flat, nested
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from oncemore.kafka.batches import RangeRecords
+    from oncemore.run.tasks import TaskSpec
+
+NAME = "oncemore_kafka"
+INGEST_NAME = "oncemore_ingest"
+RECORDS_NAME = "oncemore_records"
+
+
+class KafkaTaskPartition(InputPartition):
+    """One Spark task of ``oncemore_ingest``: ranges (topic, partition, start, end) read one after another."""
+
+    def __init__(self, ranges: list[tuple[str, int, int, int]]):
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
+class KafkaRangePartition(InputPartition):
+    """One Spark task: offsets [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def split_range(topic: str, partition: int, start: int, end: int, max_records: int) -> list[KafkaRangePartition]:
+    return [
+        KafkaRangePartition(topic, partition, s, min(s + max_records, end)) for s in range(start, end, max_records)
+    ]
+
+
+def offsets_option(offsets: dict[KafkaPartition, int]) -> str:
+    """Spark's startingOffsets/endingOffsets JSON form: {"topic": {"partition": offset}}."""
+    return json.dumps(nested(offsets))
+
+
+def _prefixed(options, prefix: str) -> dict[str, str]:
+    """The options named ``<prefix><key>``, by key (one option each, so Spark redacts by key)."""
+    return {k[len(prefix):]: v for k, v in options.items() if k.startswith(prefix)}
+
+
+class _RangeReader(DataSourceReader):
+    """Options shared by both sources, and the records of one range."""
+
+    def __init__(self, options):
+        self.pipeline = options.get("pipeline", "?")
+        self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
+        self.kafka_config = _prefixed(options, "kafka.")
+
+    def records(self, consumer, topic: str, partition: int, start: int, end: int,
+                max_bytes: int | None = None) -> RangeRecords:
+        from oncemore.kafka.batches import RangeRecords
+
+        where = f"pipeline {self.pipeline}: {topic}/{partition}"
+        return RangeRecords(consumer, topic, partition, start, end, self.stall_timeout, where, max_bytes)
+
+
+class KafkaRangeDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from oncemore.kafka.batches import SPARK_KAFKA_SCHEMA
+
+        return from_arrow_schema(SPARK_KAFKA_SCHEMA)
+
+    def reader(self, schema) -> "KafkaRangeReader":
+        return KafkaRangeReader(self.options)
+
+
+class KafkaRangeReader(_RangeReader):
+    def __init__(self, options):
+        super().__init__(options)
+        starting = flat(json.loads(options["startingOffsets"]))
+        ending = flat(json.loads(options["endingOffsets"]))
+        missing = sorted(set(starting) ^ set(ending))
+        if missing:
+            raise ValueError(f"{missing[0]}: startingOffsets and endingOffsets must name the same partitions")
+        self.ranges = sorted((key.topic, key.partition, starting[key], ending[key]) for key in starting)
+        self.max_records = int(options.get("maxRecordsPerPartition", 1 << 62))
+
+    def partitions(self) -> list[KafkaRangePartition]:
+        parts = []
+        for topic, partition, start, end in self.ranges:
+            parts += split_range(topic, partition, start, end, self.max_records)
+        return parts
+
+    def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
+        if split is None:  # Spark calls read(None) once when partitions() is empty
+            return
+        from oncemore.kafka.batches import SPARK_KAFKA_SCHEMA
+        from oncemore.kafka.clients import range_consumer
+        from oncemore.run.workermemory import task_memory
+
+        with task_memory(), range_consumer(self.kafka_config) as consumer:
+            for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
+                yield batch.select(SPARK_KAFKA_SCHEMA.names)
+
+
+def task_spec(options) -> TaskSpec:
+    """The TaskSpec of ``options`` (option ``spec``), with its settings from their own options."""
+    from oncemore.run.tasks import TaskSpec
+
+    return TaskSpec.from_json(options["spec"], _prefixed(options, "storage."), _prefixed(options, "registry.") or None,
+                              _prefixed(options, "key.registry.") or None)
+
+
+class _TaskReader(_RangeReader):
+    """A run's task ranges (option ``tasks``: per Spark task, ranges [topic, partition, start,
+    end]), each read up to ``maxBytesPerTask`` bytes and decoded by one decoder per task."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.tasks = [[tuple(r) for r in task] for task in json.loads(options["tasks"])]
+        self.max_bytes = int(options["maxBytesPerTask"])
+        self.options = dict(options)
+
+    @cached_property
+    def spec(self) -> TaskSpec:  # parsed where the ranges are read
+        return task_spec(self.options)
+
+    def partitions(self) -> list[KafkaTaskPartition]:
+        return [KafkaTaskPartition(ranges) for ranges in self.tasks]
+
+    @cached_property
+    def part_starts(self) -> dict[KafkaPartition, int]:
+        """Where each partition's range of the part starts: the start of its first sub-range."""
+        starts: dict[KafkaPartition, int] = {}
+        for task in self.tasks:
+            for topic, partition, start, _ in task:
+                key = KafkaPartition(topic, partition)
+                starts[key] = min(start, starts.get(key, start))
+        return starts
+
+    def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
+        from oncemore.kafka.batches import RangeRecords
+        from oncemore.kafka.clients import range_consumer
+
+        crashpoints.reach("task")
+        with range_consumer(self.kafka_config) as consumer:
+            for topic, partition, start, end in task.ranges:
+                yield RangeRecords(consumer, topic, partition, start, end, self.stall_timeout,
+                                   f"pipeline {self.pipeline}: {topic}/{partition}", self.max_bytes,
+                                   headers=self.spec.records.headers)
+
+
+class KafkaIngestDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return INGEST_NAME
+
+    def schema(self) -> str:
+        return "range STRING"  # tasks.MANIFEST_SCHEMA
+
+    def reader(self, schema) -> "KafkaIngestReader":
+        return KafkaIngestReader(self.options)
+
+
+class KafkaIngestReader(_TaskReader):
+    """Records that stay in Python: each range decoded and written to the task's files of both
+    tables (tasks.TaskFiles); one manifest row (a RangeResult) per range."""
+
+    def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
+        if task is None:
+            return
+        from oncemore.run.tasks import ingest_ranges, manifest_batch
+
+        for result in ingest_ranges(self.ranges(task), self.spec, self.spec.decoder(), self.part_starts):
+            yield manifest_batch(result)
+
+
+class KafkaRecordsDataSource(DataSource):
+    """The decoded records of a run's part, as the DataFrame a transform reads (the view ``records``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return RECORDS_NAME
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from oncemore.decode.rows import decoded_columns
+
+        return from_arrow_schema(decoded_columns(task_spec(self.options).records, _prefixed(self.options, "registry.")
+                                                 or None, _prefixed(self.options, "key.registry.") or None))
+
+    def reader(self, schema) -> "KafkaRecordsReader":
+        return KafkaRecordsReader(self.options)
+
+
+class KafkaRecordsReader(_TaskReader):
+    """Records that go through Spark: each range's good rows yielded, its quarantine rows written
+    to the quarantine table's files, and its RangeResult put in the part's staging area (option
+    ``staging``), where the sink's commit takes it."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.staging = options["staging"]
+
+    def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
+        if task is None:
+            return
+        from oncemore.commit.inputs import RangeResult
+        from oncemore.run.staging import Staging
+        from oncemore.run.tasks import decode_ranges
+
+        staging = Staging(self.spec.quarantine_uri, self.staging, self.spec.storage_options)
+        decoder = self.spec.decoder()
+        for item in decode_ranges(self.ranges(task), self.spec, decoder, self.part_starts):
+            if isinstance(item, RangeResult):
+                staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
+            else:
+                yield from item.cast(decoder.schema).to_batches()

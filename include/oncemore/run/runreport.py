@@ -1,0 +1,57 @@
+"""What a run did, as the run returns it to its caller (the CLI's last line, the Airflow task's XCom):
+per batch, whether one of its commits was this run's, the records written and quarantined, and the
+table versions it made.
+
+Invariant: a run is "committed" only when a commit of its own landed; a run that found its plan
+already held is a "no-op", whatever another run committed meanwhile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.plan.planner import Plan
+
+
+@dataclass
+class BatchReport:
+    seq: int
+    ranges: dict[KafkaPartition, tuple[int, int]]
+    status: str = "already_committed"  # "committed" once one of its commits is ours
+    written: int = 0
+    quarantined: int = 0
+    versions: list[int] = field(default_factory=list)
+    quarantine_versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    pipeline: str
+    run_id: str
+    plan: Plan
+    batches: list[BatchReport] = field(default_factory=list)
+    seconds: float = 0.0
+    profile: dict[str, int] = field(default_factory=dict)  # {phase: ms} (core/stopwatch.py)
+
+    @property
+    def status(self) -> str:
+        return "committed" if any(b.status == "committed" for b in self.batches) else "no-op"
+
+    @property
+    def written(self) -> int:
+        return sum(b.written for b in self.batches)
+
+    @property
+    def quarantined(self) -> int:
+        return sum(b.quarantined for b in self.batches)
+
+    def summary(self) -> str:
+        if self.status == "no-op":
+            why = "nothing new to ingest" if self.plan.is_empty else "the table already holds this plan"
+            return f"{self.pipeline}: no-op ({why}) in {self.seconds:.1f}s"
+        committed = [b for b in self.batches if b.status == "committed"]
+        return (
+            f"{self.pipeline}: committed {len(committed)} batch(es), {self.written} records written, "
+            f"{self.quarantined} quarantined, table version {max(committed[-1].versions)}, in {self.seconds:.1f}s"
+        )

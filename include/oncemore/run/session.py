@@ -1,0 +1,219 @@
+"""A Spark session able to run oncemore jobs: the package shipped to executors (each job registers
+the data sources it reads and writes).
+
+Imported only once a run has work to do: a no-op run never starts a JVM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+from oncemore.core.errors import SparkConnectError
+from oncemore.core.redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
+from oncemore.run import classarchive, connectslots
+
+MASTER_ENV = "ONCEMORE_SPARK_MASTER"
+REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
+
+# Session settings every oncemore job relies on. librdkafka, registry and storage settings travel
+# as data source options (kafka.*, registry.*, storage.*): every one not known harmless is masked in
+# plans, logs and the UI (redaction.py). All are runtime SQL settings, so a Spark Connect session
+# sets them on a server that was started without them.
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.redaction.options.regex": spark_options_regex(),
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
+}
+
+
+def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
+    """A session on ``remote`` (a Spark Connect URL) or on ``master``; with neither, on
+    $SPARK_REMOTE, else $ONCEMORE_SPARK_MASTER, else Spark's own default master. ``output``: a
+    file that takes everything the JVM this starts prints (its start-up warnings and Spark's
+    console log, its Python workers' too) instead of the terminal."""
+    from pyspark.sql import SparkSession
+
+    remote = remote or (None if master else os.environ.get(REMOTE_ENV))
+    if remote:
+        return connect_session(remote)
+    os.environ.pop(REMOTE_ENV, None)  # a master named over $SPARK_REMOTE: PySpark would follow the variable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("oncemore")
+    master = master or os.environ.get(MASTER_ENV)
+    if master:
+        builder = builder.master(master)
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.redaction.regex", SPARK_CONF_REGEX).config("spark.ui.showConsoleProgress", "false")
+    java_options = driver_java_options()
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    with output_to(output):
+        spark = builder.getOrCreate()
+    if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
+        spark.sparkContext.addPyFile(package_zip())
+    return spark
+
+
+def log_to(log: Path) -> None:
+    """The logs of Spark's Python side into ``log``, not the terminal: PySpark logs every error of a
+    query it raises as JSON with the JVM's stack (its query-context loggers), and py4j the
+    tracebacks of a gateway call that broke (a JVM stopped by Ctrl-C), before oncemore's own
+    one-line error."""
+    import py4j
+    from pyspark import SparkContext
+    from pyspark.logger import PySparkLogger
+
+    handler = logging.FileHandler(log, delay=True)
+    spark_side = logging.getLogger("oncemore.run.session")
+    for logger in [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+                   ] + [logging.getLogger("py4j"), spark_side]:
+        logger.handlers = [handler]
+        logger.propagate = False
+    # py4j logs a broken call's traceback on the root logger (logging.exception): taken aside there.
+    py4j_code = os.path.dirname(py4j.__file__)
+
+    def aside(record: logging.LogRecord) -> bool:
+        if record.pathname.startswith(py4j_code):
+            handler.handle(record)
+            return False
+        return True
+
+    logging.getLogger().addFilter(aside)
+    # PySpark's accumulator server prints the traceback of a connection the JVM broke off itself.
+    server = getattr(SparkContext._active_spark_context, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda _request, address: spark_side.exception("accumulator update from %s", address)
+
+
+def driver_java_options() -> str | None:
+    """The class archive's option (classarchive.py) for the driver JVM this process is about to
+    start; None when no JVM is started here (one runs already, or spark-submit started it)."""
+    import pyspark
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    return classarchive.java_options(pyspark.__version__, spark_home)
+
+
+@contextmanager
+def output_to(path: Path | None) -> Iterator[None]:
+    """Within: this process's stdout and stderr descriptors write to ``path`` (appended), so a
+    process started here (the JVM) keeps writing there after; restored on the way out."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for descriptor in (*saved, target):
+            os.close(descriptor)
+
+
+def connect_session(remote: str):
+    """A Spark Connect session on the server at ``remote`` for this run: the session of the first
+    free slot of this host (connectslots.py), so its Python workers and the package's artifact
+    serve run after run, or a new one (the URL names its own ``session_id``, no slot is free).
+    The package reaches the server's Python workers as the session's artifact. End the run's use
+    of it with ``stop_session``."""
+    from pyspark.sql import SparkSession
+
+    address, _, parameters = remote.partition("/;")  # sc://host:port; the parameters may hold a token
+    address = address.rstrip("/")  # the Spark provider's hook writes sc://host:port/
+    named = {p.split("=", 1)[0] for p in parameters.split(";") if p}
+    slot = None if "session_id" in named else connectslots.take_slot(
+        address + "".join(f";{p}" for p in parameters.split(";") if p.startswith("user_id=")),
+        Path(package_zip()).read_bytes())
+    for attempt in range(2):
+        url = remote if slot is None else f"{address}/;{parameters + ';' if parameters else ''}session_id={slot.session_id}"
+        spark = None
+        try:
+            spark = SparkSession.builder.remote(url).create()
+            for key, value in {**SESSION_CONF, "spark.sql.redaction.string.regex": spark_statement_regex()}.items():
+                spark.conf.set(key, value)
+            break
+        except Exception as exc:  # PySpark's message quotes the URL, and a URL may carry a token
+            if spark is not None:  # refused: its client closed now, or it calls the server as Python exits
+                spark.release_session_on_close = False
+                spark.stop()
+            if slot is not None and attempt == 0 and "SESSION_CLOSED" in str(exc):
+                slot.renew()  # the server closed the slot's session (idle timeout): a new one
+                continue
+            if slot is not None:
+                slot.release()
+            raise SparkConnectError(f"no Spark Connect session on {address}: {type(exc).__name__}",
+                                    server=address) from None
+    if slot is not None:
+        spark.release_session_on_close = False  # kept on the server for the slot's next run
+        _SLOTS[id(spark)] = slot
+    try:
+        spark.addArtifacts(package_zip(), pyfile=True)
+    except Exception as exc:
+        stop_session(spark)
+        raise SparkConnectError(f"Spark Connect session on {address} refused the package: {type(exc).__name__}",
+                                server=address) from None
+    return spark
+
+
+# The slot each Connect session of this process holds, by id(session), until stop_session.
+_SLOTS: dict[int, connectslots.Slot] = {}
+
+
+def stop_session(spark) -> None:
+    """Ends this run's use of ``spark``: a classic session stops; a Connect session in a slot stays
+    on the server for the slot's next run, its client closes and its slot is free again; any other
+    Connect session is released on the server with its artifacts and views."""
+    slot = _SLOTS.pop(id(spark), None)
+    try:
+        if slot is not None:
+            # A job still running (the run failed or was stopped meanwhile) must not outlive the
+            # run in a session the next run takes. Best effort: a dead server has none running.
+            try:
+                spark.interruptAll()
+            except Exception:
+                pass
+        spark.stop()
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def slots(spark) -> int:
+    """How many tasks the cluster runs at once (Spark Connect has no SparkContext to ask)."""
+    try:
+        return spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect
+        return int(spark.conf.get("spark.default.parallelism", None) or os.cpu_count() or 1)
+
+
+@lru_cache(maxsize=1)
+def package_zip() -> str:
+    """The oncemore package as a zip for --py-files / addPyFile / addArtifacts (executors must not
+    rely on the driver's cwd)."""
+    package = Path(__file__).resolve().parents[1]
+    target = Path(tempfile.mkdtemp(prefix="oncemore-pkg-")) / "oncemore.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*.py")):
+            archive.write(path, path.relative_to(package.parent))
+    return str(target)

@@ -1,0 +1,334 @@
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from oncemore.config.loading import load_all, load_pipeline
+from oncemore.config.values import ConfigError, OffsetBound, parse_timestamp_ms
+
+ROOT = Path(__file__).resolve().parents[2]
+
+VALID = {
+    "name": "orders",
+    "source": {"bootstrap_servers": "${KAFKA_BOOTSTRAP}", "topic": "orders",
+               "kafka_options": {"security.protocol": "SASL_SSL", "sasl.password": "${KAFKA_PASSWORD}"}},
+    "sink": {"table_uri": "/data/delta/orders", "quarantine_uri": "/data/delta/orders_quarantine"},
+    "format": {"type": "json", "schema": "id BIGINT, customer STRING, amount DOUBLE"},
+    "limits": {"max_records_per_commit": 1000},
+    "fail_on_data_loss": True,
+    "airflow": {"owner": "data-platform", "start_date": "2026-11-01T00:00:00Z"},
+}
+ENV = {"KAFKA_BOOTSTRAP": "kafka:9092", "KAFKA_PASSWORD": "hunter2"}
+
+
+def write(tmp_path: Path, doc, name: str = "orders") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def with_change(path: str, value):
+    doc = yaml.safe_load(yaml.safe_dump(VALID))
+    *parents, last = path.split(".")
+    target = doc
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return doc
+
+
+def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
+    pipeline = load_pipeline(write(tmp_path, VALID), ENV)
+    assert pipeline.source.bootstrap_servers == "kafka:9092"
+    assert pipeline.source.kafka_options["sasl.password"] == "hunter2"
+    # A scheduled pipeline starts new partitions at its first data interval.
+    assert pipeline.source.starting_offsets == OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-11-01"))
+    assert pipeline.limits.max_records_per_commit == 1000
+    shown = str(pipeline.redacted())
+    assert "hunter2" not in shown and "***" in shown and "SASL_SSL" in shown
+
+
+@pytest.mark.parametrize(
+    "change, value, key, problem",
+    [
+        ("source.topic", KeyError, "source.topic", "set exactly one of topic, topics and topic_pattern"),
+        ("source.topics", ["a", "a"], "source.topic", "set exactly one of topic, topics and topic_pattern (found topic, topics)"),
+        ("source.topic", "bad topic", "source.topic", "should match pattern"),
+        ("source.topik", "x", "source.topik", "unknown key"),
+        ("limits.max_records_per_commit", "many", "limits.max_records_per_commit", "must be an integer, got a string"),
+        ("limits.max_records_per_commit", True, "limits.max_records_per_commit", "must be an integer, got true/false"),
+        ("limits.max_records_per_commit", 0, "limits.max_records_per_commit", "greater than or equal to 1"),
+        ("format.type", "avro", "format.schema_registry", "with a url is required for avro"),
+        ("format.type", "csv", "format.type", "'json', 'avro', 'protobuf', 'raw' or 'string'"),
+        ("format.schema", "id BIGINT, payload MAP<INT,STRING>", "format.schema", "STRING keys"),
+        ("format.schema", "id BIGINT, _kafka_offset BIGINT", "format.schema", "reserved"),
+        ("source.starting_offsets", "yesterday", "source.starting_offsets", "ISO-8601"),
+        ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
+        ("sink.partition_by", ["nope"], "sink.partition_by", "not a column"),
+        ("sink.partition_by", ["amount"], "sink.partition_by", "has type double"),
+        ("fail_on_data_loss", "yes", "fail_on_data_loss", "must be true or false, got a string"),
+        ("sink.partition_by", "day", "sink.partition_by", "must be a list, got a string"),
+        ("source.bootstrap_servers", KeyError, "source.bootstrap_servers", "is required"),
+        ("airflow.start_date", KeyError, "airflow.start_date", "is required"),
+        ("airflow.schedule", "0 25 * * *", "airflow.schedule", "is not a valid cron: a field is out of range"),
+        ("airflow.schedule", "@every_hour", "airflow.schedule", "is not a 5-field cron (minute hour day-of-month "
+                                                                "month day-of-week) or one of @hourly, @daily"),
+        ("airflow.schedule", "*/5 * *", "airflow.schedule", "is not a 5-field cron"),
+        ("name", "Orders!", "name", "lowercase"),
+    ],
+)
+def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):
+    path = write(tmp_path, with_change(change, value))
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(path, ENV)
+    assert error.value.source == str(path)
+    assert error.value.key == key
+    assert problem in error.value.problem
+    assert str(path) in str(error.value) and key in str(error.value)
+
+
+def _blocks(model, prefix=""):
+    """Every block of the pipeline model (nested, optional and listed ones), as dotted keys; a
+    listed block's key names its first item."""
+    import typing
+
+    from oncemore.config.model import _model_of
+
+    found = [prefix]
+    for name, field in model.model_fields.items():
+        inner = _model_of(field.annotation)
+        if inner is not None:
+            listed = typing.get_origin(field.annotation) is tuple
+            found += _blocks(inner, f"{prefix}{field.alias or name}.{'0.' if listed else ''}")
+    return found
+
+
+def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path):
+    from oncemore.config.model import Pipeline
+
+    blocks = _blocks(Pipeline)
+    assert {"", "source.", "sink.", "format.", "key.", "transform.", "expectations.0.", "limits.", "alert.",
+            "maintenance.", "airflow."} <= set(blocks)
+    for block in blocks:
+        doc = yaml.safe_load(yaml.safe_dump(VALID))
+        target = doc
+        parts = block.rstrip(".").split(".") if block else []
+        for i, key in enumerate(parts):
+            if key == "0":
+                continue
+            if i + 1 < len(parts) and parts[i + 1] == "0":
+                target[key] = [{}]
+                target = target[key][0]
+            else:
+                target = target.setdefault(key, {})
+        target["tpyo"] = 1
+        with pytest.raises(ConfigError) as error:
+            load_pipeline(write(tmp_path, doc), ENV)
+        assert error.value.key == f"{block}tpyo" and error.value.problem.startswith("unknown key (allowed: "), block
+
+
+def test_a_misspelt_key_is_named_with_the_key_meant_and_every_problem_is_reported(tmp_path):
+    doc = with_change("source.bootstrap_servers", KeyError)
+    doc["source"]["bootstrap_server"] = "kafka:9092"
+    doc["limits"]["max_records_per_comit"] = 5
+    doc["sink"]["partition_by"] = "day"
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    # The key meant is not reported missing as well; the other problem follows, all on one line.
+    assert error.value.problems == [
+        ("source.bootstrap_server", "unknown key; did you mean source.bootstrap_servers?"),
+        ("limits.max_records_per_comit", "unknown key; did you mean limits.max_records_per_commit?"),
+        ("sink.partition_by", "must be a list, got a string")]
+    assert str(error.value).count("\n") == 0
+
+
+def test_a_cron_error_never_shows_the_value_which_may_be_a_secret(tmp_path):
+    doc = with_change("airflow.schedule", "${SCHEDULE_SECRET} * * * *")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), {**ENV, "SCHEDULE_SECRET": "hunter2"})
+    assert "hunter2" not in str(error.value) and error.value.key == "airflow.schedule"
+
+
+def test_a_key_meant_keeps_its_own_problems(tmp_path):
+    doc = with_change("airflow.start_date", "not a date")
+    doc["airflow"]["start_dat"] = "2026-11-01"
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert [k for k, _ in error.value.problems] == ["airflow.start_dat", "airflow.start_date"]
+
+
+def test_airflow_presets_are_their_crons_and_a_pipeline_without_airflow_has_no_dag_settings(tmp_path):
+    pipeline = load_pipeline(write(tmp_path, with_change("airflow.schedule", "@hourly")), ENV)
+    assert pipeline.airflow.schedule == "0 * * * *"
+    assert load_pipeline(write(tmp_path, with_change("airflow", KeyError)), ENV).airflow is None
+
+
+def test_a_yaml_syntax_error_names_line_and_column_never_the_text(tmp_path):
+    path = write(tmp_path, "name: orders\nsource:\n  kafka_options: {sasl.password: hunter2secret\nsink: x\n")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(path, ENV)
+    message = str(error.value)
+    assert "hunter2secret" not in message and "sasl" not in message and len(message.splitlines()) == 1
+    assert message.startswith(f"{path}: not valid YAML: line 4, column 5: ")
+
+
+def test_two_pipelines_on_one_table_are_both_flagged(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    write(tmp_path, VALID)
+    write(tmp_path, with_change("name", "copy"), name="copy")
+    write(tmp_path, with_change("name", "apart") | {"sink": {"table_uri": "/data/delta/apart"}}, name="apart")
+    # One's table is the other's quarantine table: as bad.
+    write(tmp_path, with_change("name", "crossed") | {"sink": {"table_uri": "/data/delta/apart_quarantine/"}}, name="crossed")
+    loaded, broken = load_all(tmp_path)
+    assert [p.name for p in loaded] == []
+    assert sorted(Path(p).stem for p in broken) == ["apart", "copy", "crossed", "orders"]
+    assert "sink.table_uri: is also the table of pipeline copy" in str(broken[str(tmp_path / "orders.yaml")])
+    assert "is also the table of pipeline crossed" in str(broken[str(tmp_path / "apart.yaml")])
+
+
+def test_missing_env_var_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="environment variable KAFKA_PASSWORD is not set"):
+        load_pipeline(write(tmp_path, VALID), {"KAFKA_BOOTSTRAP": "k:9092"})
+
+
+def test_env_default_and_a_file_of_any_name_but_in_the_pipelines_directory(tmp_path, monkeypatch):
+    doc = with_change("source.bootstrap_servers", "${NOT_SET:-127.0.0.1:9092}")
+    assert load_pipeline(write(tmp_path, doc), ENV).source.bootstrap_servers == "127.0.0.1:9092"
+    # --config takes any file; in the pipelines directory a file is named after its pipeline.
+    other = write(tmp_path, doc, name="other")
+    assert load_pipeline(other, ENV).name == "orders"
+    for key, value in {**ENV, "ONCEMORE_PIPELINES_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    loaded, broken = load_all()
+    assert "must match the file name 'other' in the pipelines directory" in str(broken[str(other)])
+
+
+def test_not_yaml_and_not_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline(write(tmp_path, "name: [unclosed"), ENV)
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_pipeline(write(tmp_path, "- a list"), ENV)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("earliest", OffsetBound("earliest")),
+        ("latest", OffsetBound("latest")),
+        ({"timestamp": "2026-01-05T11:00:00Z"}, OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-01-05T11:00:00Z"))),
+        ({"0": 42, "1": 7}, OffsetBound("offsets", offsets={(None, 0): 42, (None, 1): 7})),
+        ('{"0": 42}', OffsetBound("offsets", offsets={(None, 0): 42})),
+        ({"orders": {"0": 42}, "refunds": {"3": 1}}, OffsetBound("offsets", offsets={("orders", 0): 42, ("refunds", 3): 1})),
+    ],
+)
+def test_offset_bound_forms(value, expected):
+    assert OffsetBound.parse(value) == expected
+
+
+def test_timestamps_without_zone_are_utc():
+    assert parse_timestamp_ms("2026-01-05T11:00:00") == parse_timestamp_ms("2026-01-05T11:00:00+00:00") == 1767610800000
+
+
+def test_shipped_pipelines_and_examples_all_load_and_the_schema_checks_them(monkeypatch):
+    import jsonschema
+
+    from oncemore.config.model import json_schema
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    for directory in (ROOT / "include" / "pipelines", ROOT / "include" / "pipelines" / "examples"):
+        loaded, broken = load_all(directory)
+        assert loaded and not broken, broken
+        for path in directory.glob("*.yaml"):
+            assert not list(jsonschema.Draft202012Validator(json_schema()).iter_errors(yaml.safe_load(path.read_text()))), path
+
+
+def test_load_all_keeps_loading_past_a_broken_file(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    write(tmp_path, VALID)
+    bad = write(tmp_path, with_change("name", "broken") | {"sink": "nope"}, name="broken")
+    loaded, broken = load_all(tmp_path)
+    assert [p.name for p in loaded] == ["orders"]
+    assert list(broken) == [str(bad)] and "sink" in str(broken[str(bad)])
+
+
+@pytest.mark.parametrize("change", ["limits.max_records_per_commit", "source.starting_offsets", "format.type",
+                                    "airflow.start_date", "fail_on_data_loss"])
+def test_errors_never_quote_a_substituted_value(tmp_path, change):
+    doc = with_change(change, "${KAFKA_PASSWORD}")
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert error.value.key == change and "hunter2" not in str(error.value)
+
+
+def test_storage_options_are_text_and_redacted(tmp_path):
+    doc = with_change("sink.storage_options", {"AWS_ALLOW_HTTP": True, "AWS_SECRET_ACCESS_KEY": "${KAFKA_PASSWORD}",
+                                               "AWS_REGION": "eu-west-1"})
+    pipeline = load_pipeline(write(tmp_path, doc), ENV)
+    assert pipeline.sink.storage_options == {"AWS_ALLOW_HTTP": "true", "AWS_SECRET_ACCESS_KEY": "hunter2",
+                                             "AWS_REGION": "eu-west-1"}
+    assert pipeline.redacted()["sink"]["storage_options"] == {"AWS_ALLOW_HTTP": "true", "AWS_SECRET_ACCESS_KEY": "***",
+                                                              "AWS_REGION": "eu-west-1"}
+
+
+def test_published_json_schema_is_current_and_checks_pipeline_files(monkeypatch):
+    import jsonschema
+
+    from oncemore.config.model import json_schema
+
+    published = json.loads((ROOT / "include" / "pipelines" / "pipeline.schema.json").read_text())
+    assert published == json_schema(), "regenerate with: oncemore schema > include/pipelines/pipeline.schema.json"
+    validator = jsonschema.Draft202012Validator(published)
+    shipped = yaml.safe_load((ROOT / "include" / "pipelines" / "orders.yaml").read_text())
+    assert not list(validator.iter_errors(shipped))
+    for change, value in [("source.topik", "x"), ("format.type", "csv"), ("limits.max_records_per_commit", 0),
+                          ("source.starting_offsets", {"0": -1}), ("sink.storage_options", {"k": [1]})]:
+        assert list(validator.iter_errors(with_change(change, value))), change
+
+
+SECRET_STORAGE_KEYS = ["AZURE_STORAGE_ACCOUNT_KEY", "ACCOUNT_KEY", "AZURE_STORAGE_MASTER_KEY", "AZURE_STORAGE_SAS_KEY",
+                       "GOOGLE_SERVICE_ACCOUNT_KEY", "azure_storage_sas_token", "AZURE_CLIENT_SECRET", "AWS_SESSION_TOKEN",
+                       "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SECRET_ACCESS_KEY", "SOME_FUTURE_CREDENTIAL_NAME"]
+SECRET_KAFKA_KEYS = ["sasl.password", "ssl.key.pem", "ssl.key.password", "ssl.keystore.password",
+                     "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "sasl.jaas.config",
+                     "sasl.oauthbearer.assertion.private.key.passphrase"]
+
+
+def test_every_option_not_known_harmless_is_masked_in_output_and_in_spark(tmp_path):
+    from oncemore.core.redaction import spark_options_regex
+
+    storage = {key: "${KAFKA_PASSWORD}" for key in SECRET_STORAGE_KEYS} | {"AWS_REGION": "eu-west-1", "aws_allow_http": "true"}
+    kafka = {key: "${KAFKA_PASSWORD}" for key in SECRET_KAFKA_KEYS} | {"security.protocol": "SASL_SSL", "sasl.username": "svc"}
+    doc = with_change("sink.storage_options", storage)
+    doc["source"]["kafka_options"] = kafka
+    shown = load_pipeline(write(tmp_path, doc), ENV).redacted()
+    assert "hunter2" not in json.dumps(shown)
+    assert {k for k, v in shown["sink"]["storage_options"].items() if v != "***"} == {"AWS_REGION", "aws_allow_http"}
+    assert {k for k, v in shown["source"]["kafka_options"].items() if v != "***"} == {"security.protocol", "sasl.username"}
+    # Spark masks a data source option when this regex finds its key (Java syntax; these constructs match Python's).
+    regex = re.compile(spark_options_regex().removeprefix("(?i)"), re.I)
+    for key in SECRET_STORAGE_KEYS:
+        assert regex.search(f"storage.{key}"), key
+    for key in SECRET_KAFKA_KEYS:
+        assert regex.search(f"kafka.{key}"), key
+    for harmless in ("storage.AWS_REGION", "storage.aws_allow_http", "kafka.security.protocol", "kafka.sasl.username",
+                     "kafka.group.id", "topic", "tasks", "pipeline"):
+        assert not regex.search(harmless), harmless
+    for key in ("registry.basic.auth.user.info", "key.registry.basic.auth.user.info", "key.registry.bearer.auth.token",
+                "registry.url", "key.registry.url"):
+        assert regex.search(key), key
+
+
+def test_registry_urls_are_shown_without_their_user_info():
+    from oncemore.core.redaction import redact
+
+    assert redact("registry", {"url": "https://user:pw@registry:8081/x", "basic.auth.user.info": "user:pw"}) == {
+        "url": "https://***@registry:8081/x", "basic.auth.user.info": "***"}
