@@ -99,7 +99,7 @@ def _blocks(model, prefix=""):
     listed block's key names its first item."""
     import typing
 
-    from oncemore.config.model import _model_of
+    from oncemore.config.loading import _model_of
 
     found = [prefix]
     for name, field in model.model_fields.items():

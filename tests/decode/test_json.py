@@ -251,7 +251,7 @@ def test_inputs_that_are_not_one_json_object():
     # child so a regression fails this test instead of the test run.
     child = subprocess.run([sys.executable, "-c", f"""
 import json, sys
-sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2] / "include")!r}]
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}, {str(Path(__file__).parents[2] / "include")!r}]
 import pyarrow as pa
 from test_json import NOT_OBJECTS
 from oncemore.core.ddl import parse_ddl

@@ -136,7 +136,7 @@ def test_freshness_alert_names_the_partition_beyond_the_limits(broker, topic, ma
 
 
 def test_progress_is_a_json_line_off_a_terminal_and_one_rewritten_line_on_one(caplog):
-    with caplog.at_level(logging.INFO, logger="oncemore.run.progress"):
+    with caplog.at_level(logging.INFO, logger="oncemore.progress"):
         progress = Progress("orders", batches=2, offsets=1000, stream=io.StringIO())
         time.sleep(1.0)  # Spark starting: not in the rate
         progress.begin()

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.spark
 
 
 def test_the_demo_ingests_every_record_once_on_kafka_and_its_reruns_are_noops(tmp_path):
-    env = {**os.environ, "ONCEMORE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "include")}
+    env = {**os.environ, "ONCEMORE_DATA_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT)])}
     env.pop("ONCEMORE_PIPELINES_DIR", None)
     demo = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], env=env, capture_output=True,
                           text=True, timeout=900)

@@ -101,8 +101,8 @@ def root_cause(exc: BaseException) -> str:
     a task raised, else why its Python worker could not start, else the failure Spark reports for
     the lost task (a Python worker that died)."""
     text = str(exc)
-    # The last line of a Python traceback: a builtin's name, or a qualified one (oncemore.sink.ExpectationFailed),
-    # not the JVM's (org.apache.spark.SparkException) that wraps it.
+    # The last line of a Python traceback: a builtin's name, or a qualified one
+    # (oncemore.run.deltasink.ExpectationFailed), not the JVM's (org.apache.spark.SparkException) that wraps it.
     found = [(name.rpartition(".")[2], message) for name, message in
              re.findall(r"^\s*((?:[a-z_]\w*\.)+[A-Z]\w*|\w+(?:Error|Exception|Conflict)): (.+)$", text, re.M)
              if not name.startswith(("org.", "java.", "scala.", "py4j."))]

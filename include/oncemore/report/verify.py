@@ -37,7 +37,7 @@ from oncemore.core.errors import OncemoreError
 from oncemore.plan.commitinfo import CommitEntry
 from oncemore.plan.ledger import Ledger
 from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
-from oncemore.run.session import slots
+from oncemore.run.session import register_source, slots
 
 if TYPE_CHECKING:  # tablescan imports PySpark: the oncemore page reads results without it
     from oncemore.report.tablescan import Coverage
@@ -224,7 +224,7 @@ def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], aud
 
     from oncemore.report.tablescan import BEFORE, FOREIGN, OUTSIDE, PENDING, CoordinatesDataSource
 
-    spark.dataSource.register(CoordinatesDataSource)
+    register_source(spark, CoordinatesDataSource)
     tasks = _tasks(files, slots(spark))
     reader = spark.read.format(CoordinatesDataSource.name()).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())
     for key, value in (pipeline.sink.storage_options or {}).items():

@@ -25,6 +25,7 @@ from oncemore.core.columns import schema_text
 from oncemore.core.coordinates import OffsetRange
 from oncemore.core.errors import OncemoreError, TaskFailed, error_from_json, root_cause
 from oncemore.kafka.clients import consumer_config
+from oncemore.run.session import register_source
 from oncemore.run.staging import Staging
 from oncemore.run.tasks import TaskSpec
 from oncemore.shape.transform import reads_records
@@ -37,8 +38,7 @@ class PartLost(OncemoreError):
 
 
 def _reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
-    """A reader of ``source`` (a Data Source class, registered in the session here) over ``groups``."""
-    spark.dataSource.register(source)
+    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``."""
     reader = (
         spark.read.format(source.name())
         .option("pipeline", pipeline.name)
@@ -58,6 +58,7 @@ def _reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list
 def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> list[RangeResult]:
     from oncemore.run.kafkasource import KafkaIngestDataSource  # imports pyspark: only once there is work to do
 
+    register_source(spark, KafkaIngestDataSource)
     try:
         rows = _reader(spark, KafkaIngestDataSource, pipeline, spec, groups, budget).load().collect()
     except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
@@ -70,7 +71,8 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
     from oncemore.run.deltasink import COMMIT_BEGUN, DeltaSinkDataSource
     from oncemore.run.kafkasource import KafkaRecordsDataSource
 
-    spark.dataSource.register(DeltaSinkDataSource)
+    register_source(spark, KafkaRecordsDataSource)
+    register_source(spark, DeltaSinkDataSource)
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
     records = _reader(spark, KafkaRecordsDataSource, pipeline, spec, groups, budget).option("staging", part.staging_id).load()
     shaped = shape(records)

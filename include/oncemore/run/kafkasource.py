@@ -2,7 +2,8 @@
 
 ``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
 key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
-to look at a range in Spark. Options follow Spark's Kafka source: ``startingOffsets``
+to look at a range in Spark, registered first (``spark.dataSource.register(KafkaRangeDataSource)``;
+a run registers only the sources it reads, session.register_source). Options follow Spark's Kafka source: ``startingOffsets``
 and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
 ``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
 

@@ -89,10 +89,11 @@ def table_schema(pipeline: Pipeline, records: RecordSpec, settings: Registries,
     if pipeline.shapes_in_spark:
         from oncemore.commit.evolution import arrow_schema
         from oncemore.run.kafkasource import KafkaRecordsDataSource
+        from oncemore.run.session import register_source
         from oncemore.shape.transform import shape
 
         spark = spark_factory()
-        spark.dataSource.register(KafkaRecordsDataSource)
+        register_source(spark, KafkaRecordsDataSource)
         probe = _probe_options(task_spec(pipeline, records, schema, {}, settings))
         shaped = shape(spark, spark.read.format(KafkaRecordsDataSource.name()).options(**probe).load(), pipeline)
         schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)

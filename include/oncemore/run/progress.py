@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TextIO
 
-log = logging.getLogger("oncemore.run.progress")
+log = logging.getLogger("oncemore.progress")
 
 
 class Progress:

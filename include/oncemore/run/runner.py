@@ -62,7 +62,7 @@ def run(
     with watch.timing("plan"):
         plan = plan_run(pipeline, until) if plan is None else check_plan(pipeline, plan)
         main = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
-        positions = main.positions(plan.ends())
+        positions = main.positions(plan.ends()) if plan.batches else {}  # an empty plan reads no table
         pending = plan.pending(positions)
     report = RunReport(pipeline.name, run_id, plan)
     if pending:

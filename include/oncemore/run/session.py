@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import tempfile
+import weakref
 import zipfile
 from contextlib import contextmanager
 from functools import lru_cache
@@ -73,7 +74,7 @@ def log_to(log: Path) -> None:
     from pyspark.logger import PySparkLogger
 
     handler = logging.FileHandler(log, delay=True)
-    spark_side = logging.getLogger("oncemore.run.session")
+    spark_side = logging.getLogger("oncemore.spark")
     for logger in [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
                    ] + [logging.getLogger("py4j"), spark_side]:
         logger.handlers = [handler]
@@ -197,6 +198,20 @@ def stop_session(spark) -> None:
     finally:
         if slot is not None:
             slot.release()
+
+
+# The data sources registered in each session, by session: registered once, as Spark warns each
+# time a name is registered again.
+_REGISTERED: "weakref.WeakKeyDictionary[object, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def register_source(spark, source) -> None:
+    """Registers the Python Data Source class ``source`` in ``spark``, once per session: each job
+    registers what it reads or writes (a verify its table scan, a run its Kafka sources and sink)."""
+    names = _REGISTERED.setdefault(spark, set())
+    if source.name() not in names:
+        spark.dataSource.register(source)
+        names.add(source.name())
 
 
 def slots(spark) -> int:

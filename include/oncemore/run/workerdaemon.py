@@ -1,5 +1,5 @@
 """The Python worker daemon of a resident Spark (the Connect server: ``spark.python.daemon.module=
-oncemore.workerdaemon``): PySpark's own daemon, which forks a Python worker per task slot, with
+oncemore.run.workerdaemon``): PySpark's own daemon, which forks a Python worker per task slot, with
 the libraries every oncemore task imports already loaded, so a forked worker inherits them.
 
 Spark stops a Python worker after a minute idle (a fixed interval in its PythonWorkerFactory), so
