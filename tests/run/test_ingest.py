@@ -533,6 +533,29 @@ def test_a_record_read_but_in_no_file_is_refused_without_a_transform(broker, top
     assert read_pairs(pipeline.sink.table_uri) == []
 
 
+def test_a_part_whose_commits_move_no_position_fails_the_run_instead_of_going_round(
+        broker, topic, make_pipeline, spark, monkeypatch):
+    # A part whose commits move neither table's positions (nothing of it landed, no other run's
+    # either) would be planned again, the same, forever.
+    from oncemore.commit.part import PartOutcome
+    from oncemore.core.errors import CommitConflict
+
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    parts = []
+
+    def commits_nothing(part, results, *args, **kwargs):
+        parts.append(part.starts)
+        if len(parts) > 1:
+            raise AssertionError(f"the same part planned again: {parts}")
+        return PartOutcome("conflict", None, None, {}, {}, 0, None)
+
+    monkeypatch.setattr(runner, "commit_part", commits_nothing)
+    with pytest.raises(CommitConflict, match=rf"^pipeline orders: batch 0 made no progress from "):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert read_pairs(pipeline.sink.table_uri) == []
+
+
 def test_a_table_location_that_cannot_take_a_table_fails_naming_pipeline_and_key_and_creates_neither(
         broker, topic, make_pipeline, tmp_path):
     from oncemore.core.errors import TableLocationError

@@ -30,12 +30,6 @@ class PartPlan:
         """Per partition left, the first offset the quarantine table still needs."""
         return {p: max(r.start, self.quarantine_positions[p] or 0) for p, r in self.left.items()}
 
-    def moved(self, main: Ledger, quarantine: Ledger) -> bool:
-        """Whether either table's positions moved since this part was planned: a part that lost a
-        race moves the other run's; one that moves nothing at all would be planned again forever."""
-        return (main.positions(self.batch.expected_positions) != self.positions
-                or quarantine.positions(self.left) != self.quarantine_positions)
-
 
 def next_part(batch: Batch, main: Ledger, quarantine: Ledger, where: str) -> PartPlan | None:
     """What is left of ``batch`` at the tables' current positions; None once the main table holds

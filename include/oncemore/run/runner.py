@@ -124,7 +124,8 @@ class _Run:
         """What is left of ``batch``, part after part, until the table holds it whole."""
         report = BatchReport(batch.seq, _ranges(batch))
         followed: AheadRecord | None = None  # the record the reader last changed for
-        while (part := next_part(batch, self.main, self.quarantine, self.where)) is not None:
+        part = next_part(batch, self.main, self.quarantine, self.where)
+        while part is not None:
             outcome = self._ingest_part(part)
             self._account(part, outcome, report)
             if outcome.schema_ahead is not None:
@@ -142,9 +143,15 @@ class _Run:
                         partition=ahead.partition, offset=ahead.offset, role=ahead.role, schema_id=ahead.schema_id)
                 self.prepare(lambda: follow_writer(self.pipeline, self.prepared, ahead, lambda: self.spark))
                 followed = ahead
-            elif not part.moved(self.main, self.quarantine):
+                part = next_part(batch, self.main, self.quarantine, self.where)
+                continue
+            following = next_part(batch, self.main, self.quarantine, self.where)
+            if following == part:
+                # Neither table's positions moved: a part that lost a race moves the other run's; one
+                # that moves nothing at all would be planned again forever.
                 raise CommitConflict(f"{self.where}: batch {batch.seq} made no progress from {by_text(part.positions)}",
                                      positions=by_text(part.positions))
+            part = following
         return report
 
     def _ingest_part(self, part: PartPlan) -> PartOutcome:
