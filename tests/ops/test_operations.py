@@ -27,6 +27,7 @@ from conftest import (
     read_pairs,
 )
 from oncemore.commit.groupmirror import mirror_positions
+from oncemore.commit.inputs import STAGING_DIR
 from oncemore.config.model import VACUUM_RETENTION_FLOOR_HOURS
 from oncemore.config.values import ConfigError, OffsetBound
 from oncemore.plan import ledger
@@ -35,7 +36,6 @@ from oncemore.report.overview import pipeline_overview
 from oncemore.report.status import FreshnessAlert, check_freshness, status
 from oncemore.run.progress import Progress
 from oncemore.run.runner import run
-from oncemore.run.staging import STAGING_DIR
 
 
 def spark_factory(spark):

@@ -551,7 +551,7 @@ def test_a_part_whose_commits_move_no_position_fails_the_run_instead_of_going_ro
         return PartOutcome("conflict", None, None, {}, {}, 0, None)
 
     monkeypatch.setattr(runner, "commit_part", commits_nothing)
-    with pytest.raises(CommitConflict, match=rf"^pipeline orders: batch 0 made no progress from "):
+    with pytest.raises(CommitConflict, match=r"^pipeline orders: batch 0 made no progress from "):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert read_pairs(pipeline.sink.table_uri) == []
 

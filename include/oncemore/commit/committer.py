@@ -1,5 +1,5 @@
 """One Delta commit of a table: the files the tasks wrote, validated, then committed with the new
-positions.
+positions; or a MERGE of change rows (merge.py), carrying the positions the same way.
 
 The commit is the only place positions move. It re-reads them from a fresh snapshot, refuses to
 move them from anything but the expected ones, and puts add actions, txn actions (the moved
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -95,42 +95,75 @@ def commit(
     TableOwned when another pipeline ingests the topic into this table.
     """
     table = ledger.snapshot()
+    if held(ledger, table, expected, new_positions):
+        return CommitOutcome("already_committed", None)
+    read_version = table.version()
+    now_ms = int(time.time() * 1000)
+    actions = [AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files]
+    try:
+        table.create_write_transaction(
+            actions, mode="append", schema=table.schema(),
+            partition_by=list(table.metadata().partition_columns) or None,
+            commit_properties=_properties(ledger, table, new_positions, partitions, record),
+        )
+    except CommitFailedError as exc:
+        return _failed(ledger, exc, record, read_version, expected, new_positions)
+    return CommitOutcome("committed", _version_of(ledger, record, read_version))
+
+
+def held(ledger: Ledger, table: DeltaTable, expected: Mapping[KafkaPartition, int | None],
+         new_positions: Mapping[KafkaPartition, int]) -> bool:
+    """What a commit built on ``table`` checks first: the owner, the table's writability, and
+    whether the table already holds ``new_positions`` (True: nothing to commit; see already_committed)."""
     check_owner_at_commit(ledger, table, {p.topic for p in new_positions})
     # A CHECK constraint another writer added since the run checked the table: delta-rs commits add
     # actions without evaluating one, so the rows would land in breach of it. One added after this
     # snapshot is a metadata change delta-rs's conflict check refuses the commit for.
     check_writable(table, ledger.table_uri)
-    if already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions):
-        return CommitOutcome("already_committed", None)
+    return already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions)
+
+
+def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, clauses: Callable,
+          expected: Mapping[KafkaPartition, int | None], new_positions: Mapping[KafkaPartition, int],
+          partitions: Iterable[KafkaPartition], record: CommitInfo, memory_bytes: int) -> tuple[CommitOutcome, dict]:
+    """One Delta MERGE of ``source`` (aliased ``s``) into ``table`` (``t``, the snapshot the caller
+    checked with ``held`` and read from), its clauses added by ``clauses(merger)``, carrying the txn
+    actions and the record as commit() does; returns the outcome and delta-rs's metrics. The caller
+    makes sure the MERGE changes something: one that changes nothing makes no commit (delta-rs)."""
     read_version = table.version()
-    now_ms = int(time.time() * 1000)
-    actions = [AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files]
-    properties = CommitProperties(
-        app_transactions=ledger.transactions(new_positions, partitions, table, record),
-        custom_metadata={METADATA_KEY: record.to_json()},
-    )
+    merger = table.merge(source, predicate, source_alias="s", target_alias="t", streamed_exec=False,
+                         max_spill_size=memory_bytes,
+                         commit_properties=_properties(ledger, table, new_positions, partitions, record))
     try:
-        table.create_write_transaction(
-            actions, mode="append", schema=table.schema(),
-            partition_by=list(table.metadata().partition_columns) or None, commit_properties=properties,
-        )
+        metrics = clauses(merger).execute()
     except CommitFailedError as exc:
-        latest = ledger.snapshot()
-        # delta-rs retries a commit whose response was lost; the retry then conflicts with its own
-        # first attempt, which did land. Ours, whatever the error says.
-        mine = ledger.find_commit(record, read_version, latest)
-        if mine is not None:
-            return CommitOutcome("committed", mine)
-        refused_for_features(ledger, exc)
-        current = ledger.positions(new_positions, latest)
-        if _reached(current, new_positions):
-            return CommitOutcome("lost_race", None)
-        raise CommitConflict(
-            f"{ledger.table_uri}: a concurrent commit moved positions of pipeline {ledger.pipeline} "
-            f"({_moves(expected, current, new_positions)}); nothing was committed: {exc}",
-            table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
-        ) from exc
-    return CommitOutcome("committed", _version_of(ledger, record, read_version))
+        return _failed(ledger, exc, record, read_version, expected, new_positions), {}
+    return CommitOutcome("committed", _version_of(ledger, record, read_version)), metrics
+
+
+def _properties(ledger: Ledger, table: DeltaTable, new_positions, partitions, record: CommitInfo) -> CommitProperties:
+    return CommitProperties(app_transactions=ledger.transactions(new_positions, partitions, table, record),
+                            custom_metadata={METADATA_KEY: record.to_json()})
+
+
+def _failed(ledger: Ledger, exc: CommitFailedError, record: CommitInfo, read_version: int, expected,
+            new_positions) -> CommitOutcome:
+    """What a commit delta-rs refused was: ours after all, lost to a run that got there first, or a conflict."""
+    latest = ledger.snapshot()
+    # delta-rs retries a commit whose response was lost; the retry then conflicts with its own
+    # first attempt, which did land. Ours, whatever the error says.
+    mine = ledger.find_commit(record, read_version, latest)
+    if mine is not None:
+        return CommitOutcome("committed", mine)
+    refused_for_features(ledger, exc)
+    current = ledger.positions(new_positions, latest)
+    if _reached(current, new_positions):
+        return CommitOutcome("lost_race", None)
+    raise CommitConflict(
+        f"{ledger.table_uri}: a concurrent commit moved positions of pipeline {ledger.pipeline} "
+        f"({_moves(expected, current, new_positions)}); nothing was committed: {exc}",
+        table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
+    ) from exc
 
 
 def commit_positions(ledger: Ledger, positions: Mapping[KafkaPartition, int], record: CommitInfo,

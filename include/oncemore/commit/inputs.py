@@ -1,6 +1,7 @@
 """What a part's commit takes from the tasks that read it, the one type both ways of reading hand
 over (the ingest job's manifest rows, the sink's staging area): a RangeResult per range read,
-and where a range stopped for a writer schema ahead of the reader (AheadRecord).
+where a range stopped for a writer schema ahead of the reader (AheadRecord), and where an upsert
+part's change rows are staged.
 
 Invariant: a RangeResult accounts for every offset of [start, reached): each is a record written,
 a record quarantined, or an offset that holds no record (a transaction marker, an aborted record).
@@ -14,6 +15,15 @@ from typing import Mapping
 
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.write.files import DataFile
+
+# Under the quarantine table: each part's staging area (run/staging.py), and an upsert part's change
+# rows in its ``changes`` directory.
+STAGING_DIR = "_oncemore_staging"
+
+
+def changes_uri(quarantine_uri: str, staging_id: str) -> str:
+    """Where an upsert part's tasks write its change rows (Parquet) for its MERGE."""
+    return f"{quarantine_uri.rstrip('/')}/{STAGING_DIR}/{staging_id}/changes"
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
-from oncemore.commit.inputs import RangeResult
+from oncemore.commit.inputs import RangeResult, changes_uri
+from oncemore.commit.merge import UpsertSpec, apply
 from oncemore.core import crashpoints
-from oncemore.core.columns import QUARANTINE_SCHEMA
+from oncemore.core.columns import CHANGE_COLUMN, QUARANTINE_SCHEMA
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
 from oncemore.core.errors import CommitConflict, InvalidDataFile
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
+from oncemore.core.storage import filesystem
 from oncemore.plan.commitinfo import CommitInfo, Gap
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import DataFile
@@ -64,6 +67,12 @@ class Part:
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
     profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
     may_filter: bool = False  # a transform may drop records; without one, every record read is a row
+    upsert: UpsertSpec | None = None  # change rows MERGEd by key (merge.py); None: an append
+
+    @property
+    def changes_uri(self) -> str:
+        """Where the tasks stage an upsert part's change rows."""
+        return changes_uri(self.quarantine_uri, self.staging_id)
 
     @property
     def staging_id(self) -> str:
@@ -85,6 +94,8 @@ class Part:
         data["partitions"] = tuple(KafkaPartition.parse(p) for p in data["partitions"])
         data["partition_by"] = tuple(data["partition_by"])
         data["gaps"] = tuple(Gap(**g) for g in data["gaps"])
+        if data["upsert"] is not None:
+            data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
         return cls(**data)
 
 
@@ -142,12 +153,14 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     files = [f for r in kept for f in r.files] + list(written.files)
     main_files = [f for f in files if f.table == "main"]
     quarantine_files = [f for f in files if f.table == "quarantine"]
+    change_files = [f for f in files if f.table == "changes"]
     schema_ahead = next((r.schema_ahead for r in kept if r.schema_ahead is not None), None)
     with watch.timing("validate"):
         validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
+        validate_files(part.changes_uri, change_files, change_schema(table_schema), (), read, storage_options)
     crashpoints.reach("validated")
-    records = _accounted(part, kept, main_files, written, read)
+    records = _accounted(part, kept, main_files + change_files, written, read)
 
     def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
         return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms())
@@ -185,7 +198,12 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
             delete_files(part.table_uri, main_files, storage_options)  # never offered to a commit
             return outcome_of("quarantine_behind", None, quarantine_version, record.bytes_read)
     with watch.timing("commit"):
-        outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
+        if part.upsert is None:
+            outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
+        else:
+            outcome, counts = _merge(part, main, change_files, table_schema, {p: part.expected.get(p) for p in read},
+                                     new_positions, record, storage_options)
+            records.update(counts)
     crashpoints.reach("main_committed")
     log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
              outcome.status, ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())),
@@ -242,6 +260,31 @@ def _commit(part: Part, ledger: Ledger, files, expected, new_positions, record) 
         # After a commit attempt the files are left alone; vacuum(full=True) removes them.
         log.warning("pipeline %s: %s: a concurrent run committed this range first", part.pipeline, ledger.table_uri)
     return outcome
+
+
+def change_schema(table_schema: pa.Schema) -> pa.Schema:
+    """An upsert part's change rows: the table's columns and the change (merge.py)."""
+    return table_schema.append(pa.field(CHANGE_COLUMN, pa.string()))
+
+
+def _merge(part: Part, main: Ledger, files: list[DataFile], table_schema: pa.Schema, expected, new_positions,
+           record: CommitInfo, storage_options: Mapping[str, str] | None) -> tuple[CommitOutcome, dict[str, int]]:
+    """The part's change rows applied (merge.py): its tombstones commit, then its main MERGE."""
+    fs, root = filesystem(part.changes_uri, storage_options)
+    rows = [pq.read_table(f"{root}/{f.path}", filesystem=fs) for f in files]
+    changes = pa.concat_tables(rows) if rows else change_schema(table_schema).empty_table()
+    tombstones = (Ledger(part.upsert.tombstones_uri, part.pipeline, storage_options)
+                  if part.upsert.sequenced else None)
+    try:
+        outcome, counts, _ = apply(main, tombstones, changes, part.upsert, expected, new_positions, part.partitions,
+                                   record, part.pipeline)
+    except CommitConflict as conflict:
+        log.warning("pipeline %s: %s; continuing from the new positions", part.pipeline, conflict)
+        return CommitOutcome("conflict", None), {}
+    if outcome.status in ("already_committed", "lost_race"):
+        log.warning("pipeline %s: %s already holds this range (another run committed it)", part.pipeline,
+                    main.table_uri)
+    return outcome, counts
 
 
 def _delete(part: Part, files: list[DataFile], storage_options: Mapping[str, str] | None) -> None:

@@ -1,4 +1,4 @@
-"""The pipeline's two tables made ready before a run writes a file: created when missing, checked
+"""The pipeline's tables made ready before a run writes a file: created when missing, checked
 (writer features and constraints oncemore cannot honour, partitioning), and the main table's schema
 brought to the records' by the rules of evolution.py.
 
@@ -28,7 +28,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 from oncemore.commit.evolution import arrow_schema, evolve, spark_schema
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import QUARANTINE_SCHEMA, SchemaError
+from oncemore.core.columns import QUARANTINE_SCHEMA, SchemaError, key_columns, tombstones_schema
 from oncemore.core.errors import InvalidDataFile, OncemoreError, TableLocationError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.plan.ledger import open_table
@@ -125,12 +125,15 @@ def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map
 
 
 def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
-    """The pipeline's main table (its schema brought to ``schema``'s; returned) and quarantine table,
-    created when missing, checked otherwise."""
+    """The pipeline's main table (its schema brought to ``schema``'s; returned), quarantine table and,
+    for an upsert ordered by a sequence, tombstones table, created when missing, checked otherwise."""
     sink, subscription = pipeline.sink, pipeline.source.describe_subscription()
     options = dict(sink.storage_options) if sink.storage_options else None
-    # Both locations checked before either table is created: a refused one leaves nothing behind.
+    # Every location checked before any table is created: a refused one leaves nothing behind.
     tables = (("sink.quarantine_uri", sink.quarantine_uri), ("sink.table_uri", sink.table_uri))
+    keeps_deletes = pipeline.upsert is not None and pipeline.upsert.sequence_by is not None
+    if keeps_deletes:
+        tables += (("sink.tombstones_uri", sink.tombstones_uri),)
     for key, uri in tables:
         problem = location_problem(uri, options)
         if problem:
@@ -151,6 +154,12 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
     ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
           f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options,
           opened=opened["sink.quarantine_uri"])
+    if keeps_deletes:
+        keys = pa.schema([schema.field(k) for k in key_columns(schema, pipeline.upsert.keys)])
+        ready("sink.tombstones_uri", sink.tombstones_uri, ensure_table, tombstones_schema(keys), (),
+              f"{pipeline.name}_tombstones", f"oncemore tombstones of pipeline {pipeline.name}: deletes kept "
+              f"{pipeline.upsert.tombstone_retention_hours} h against late events", options,
+              opened=opened["sink.tombstones_uri"])
     return ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
                  f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution,
                  opened=opened["sink.table_uri"])

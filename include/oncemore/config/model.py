@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from oncemore.config.upsert import Upsert
 from oncemore.config.values import (
     Cron,
     OffsetBound,
@@ -115,6 +116,9 @@ class Sink(_Model):
 
     table_uri: StrictStr = Field(min_length=1)
     quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
+    tombstones_uri: StrictStr | None = Field(
+        default=None, description="upsert with sequence_by: the deletes kept against late events; defaults to "
+                                  "table_uri + '_tombstones'")
     partition_by: tuple[StrictStr, ...] = Field(default=(), description="columns of the table, those a transform "
                                                                        "derives included")
     schema_evolution: Literal["add_columns", "fail"] = Field(
@@ -143,6 +147,10 @@ class Sink(_Model):
             object.__setattr__(self, "quarantine_uri", self.table_uri.rstrip("/") + "_quarantine")
         elif self.quarantine_uri.rstrip("/") == self.table_uri.rstrip("/"):
             raise key_problem("quarantine_uri", "must differ from table_uri")
+        if self.tombstones_uri is None:
+            object.__setattr__(self, "tombstones_uri", self.table_uri.rstrip("/") + "_tombstones")
+        elif self.tombstones_uri.rstrip("/") in {self.table_uri.rstrip("/"), self.quarantine_uri.rstrip("/")}:
+            raise key_problem("tombstones_uri", "must differ from table_uri and quarantine_uri")
         return self
 
 
@@ -296,6 +304,7 @@ class Pipeline(_Model):
         default=None, description="Spark SQL over the view `records`, or {python: module:function}; a record maps "
                                   "to at most one row and the _kafka_* columns must stay")
     expectations: tuple[Expectation, ...] = ()
+    upsert: Upsert | None = Field(default=None, description="apply change events by key (MERGE); without it, append")
     limits: Limits = Limits()
     fail_on_data_loss: StrictBool = True
     # Mirror the table's positions to consumer group oncemore.<name> after each commit, for lag
@@ -332,6 +341,9 @@ class Pipeline(_Model):
         names = {e.name for e in self.expectations}
         if len(names) != len(self.expectations):
             raise key_problem("expectations", "names an expectation twice")
+        if self.upsert is not None:
+            self.upsert.check_fits(self.format, self.sink.partition_by, self.transform is not None or
+                                   bool(self.expectations))
         if self.static_columns() is not None:
             try:
                 check_partition_by(self.static_columns(), self.sink.partition_by)
@@ -346,9 +358,9 @@ class Pipeline(_Model):
 
     @property
     def shapes_in_spark(self) -> bool:
-        """Records go through Spark DataFrames (a transform or expectations): else they stay in
-        the Python workers, decoded and written in one pass."""
-        return self.transform is not None or bool(self.expectations)
+        """Records go through Spark DataFrames (a transform, expectations, or upserts, whose change
+        columns are Spark SQL): else they stay in the Python workers, decoded and written in one pass."""
+        return self.transform is not None or bool(self.expectations) or self.upsert is not None
 
     def static_columns(self) -> pa.Schema | None:
         """The table's columns when the config alone tells them (no registry, no transform)."""

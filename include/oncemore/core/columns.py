@@ -29,6 +29,41 @@ QUARANTINE_SCHEMA = pa.schema(
     + METADATA_FIELDS
 )
 
+# Upsert tables (commit/merge.py): the row's sequence (``upsert.sequence_by``, a number: never compared
+# as text), the change rows' operation and the reason a change row is quarantined (oncemore's own
+# columns, never the table's), a tombstone marker among the decoded records, and when a delete was
+# applied (the tombstones table, kept ``upsert.tombstone_retention_hours``).
+SEQUENCE_FIELD = pa.field("_sequence", pa.decimal128(38, 6))
+SEQUENCE_COLUMN = SEQUENCE_FIELD.name
+OWN_PREFIX = "_oncemore_"
+CHANGE_COLUMN = f"{OWN_PREFIX}change"  # upsert | delete | tombstone
+INVALID_COLUMN = f"{OWN_PREFIX}invalid"  # NULL, or why the change cannot be applied
+TOMBSTONE_COLUMN = "_tombstone"  # the record's value is null
+DELETED_AT_FIELD = pa.field("_deleted_at", TIMESTAMP, nullable=False)
+
+
+def tombstones_schema(keys: pa.Schema) -> pa.Schema:
+    """The tombstones table of an upsert table keyed by ``keys``: per deleted key, the order of
+    the delete (its sequence and coordinates) and when it was applied."""
+    return pa.schema(list(keys) + [SEQUENCE_FIELD] + METADATA_FIELDS + [DELETED_AT_FIELD])
+
+
+def key_columns(schema: pa.Schema, keys) -> list[str]:
+    """The names ``keys`` (as configured, any case) have in ``schema``; SchemaError for a missing one."""
+    names = {n.lower(): n for n in schema.names}
+    missing = [k for k in keys if k.lower() not in names]
+    if missing:
+        raise SchemaError(f"key column {missing[0]!r} is not a column of the table ({', '.join(schema.names)})")
+    return [names[k.lower()] for k in keys]
+
+
+def key_type_ok(kind: pa.DataType) -> bool:
+    """A key column's type compares exactly: no floats (NaN, -0.0), no nested types."""
+    return (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_date(kind) or pa.types.is_decimal(kind) or pa.types.is_boolean(kind)
+            or pa.types.is_binary(kind) or pa.types.is_timestamp(kind))
+
+
 # Types a partition column may have: their values read back exactly from a partition directory name.
 PARTITIONABLE_TYPES = {"string", "int8", "int16", "int32", "int64", "date32[day]", "bool"}
 
@@ -46,10 +81,12 @@ def key_type(key_format, value_format_type: str, declared: pa.Schema | None) -> 
     return {"raw": pa.binary(), "string": pa.string()}.get(kind) or (pa.struct(list(declared)) if declared else None)
 
 
-def decoded_schema(value_type: str, value_columns: pa.Schema | None, key: pa.DataType | None, headers: bool) -> pa.Schema:
+def decoded_schema(value_type: str, value_columns: pa.Schema | None, key: pa.DataType | None, headers: bool,
+                   tombstones: bool = False) -> pa.Schema:
     """The decoded records' columns, the view ``records`` a transform reads and the table without one:
     ``key`` (when the pipeline has one), the value's columns (``value`` for raw and string, else the
-    record's fields), ``headers`` (when asked for) and the Kafka coordinates. SchemaError when a field
+    record's fields), ``headers`` (when asked for), ``_tombstone`` (upserts: a null value is a
+    record, its columns NULL) and the Kafka coordinates. SchemaError when a field
     of the value would be a second column of the key's or the headers' name (a registry schema's:
     a declared one is refused as the config loads)."""
     fields = [pa.field("key", key)] if key is not None else []
@@ -64,6 +101,8 @@ def decoded_schema(value_type: str, value_columns: pa.Schema | None, key: pa.Dat
         fields += list(value_columns)
     if headers:
         fields.append(pa.field("headers", HEADERS_TYPE))
+    if tombstones:
+        fields.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False))
     return pa.schema(fields + METADATA_FIELDS)
 
 

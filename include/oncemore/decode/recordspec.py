@@ -33,11 +33,13 @@ class FormatSpec:
 
 @dataclass(frozen=True)
 class RecordSpec:
-    """The records' formats, and whether they carry headers. Travels to executors as JSON."""
+    """The records' formats, whether they carry headers, and whether a null value is a record (an
+    upsert's tombstone) rather than an error. Travels to executors as JSON."""
 
     value: FormatSpec
     key: FormatSpec | None
     headers: bool
+    tombstones: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -46,4 +48,5 @@ class RecordSpec:
     def from_json(cls, text: str) -> "RecordSpec":
         data = json.loads(text)
         return cls(value=FormatSpec.from_dict(data["value"]),
-                   key=FormatSpec.from_dict(data["key"]) if data["key"] else None, headers=data["headers"])
+                   key=FormatSpec.from_dict(data["key"]) if data["key"] else None, headers=data["headers"],
+                   tombstones=data["tombstones"])

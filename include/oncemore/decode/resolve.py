@@ -27,6 +27,7 @@ from oncemore.core.ddl import parse_ddl, to_ddl
 from oncemore.core.errors import OncemoreError
 from oncemore.decode.avro.merge import merge_schemas
 from oncemore.decode.avro.schemas import AvroSchema
+from oncemore.decode.envelope import envelope_ddl
 from oncemore.decode.recordspec import FormatSpec, RecordSpec
 from oncemore.decode.registry import Registry
 from oncemore.decode.rows import format_columns, format_decoder
@@ -52,14 +53,18 @@ def registries(pipeline: Pipeline) -> tuple[dict[str, str] | None, dict[str, str
 
 def resolve(pipeline: Pipeline, topics: list[str]) -> RecordSpec:
     """The pipeline's RecordSpec, its avro and protobuf formats resolved against the registry: the
-    subject's latest schema is the reader."""
+    subject's latest schema is the reader. A json Debezium value is read as the envelope around
+    the declared row (envelope.py)."""
     value_registry, key_registry = registries(pipeline)
     key = pipeline.key
     if key is None and pipeline.format.type == "raw":
         key_spec = FormatSpec("raw")
     else:
         key_spec = _resolve(pipeline, key, "key", topics, key_registry) if key is not None else None
-    return RecordSpec(_resolve(pipeline, pipeline.format, "value", topics, value_registry), key_spec, pipeline.headers)
+    value = _resolve(pipeline, pipeline.format, "value", topics, value_registry)
+    if pipeline.upsert is not None and pipeline.upsert.envelope == "debezium" and value.type == "json":
+        value = replace(value, ddl=envelope_ddl(value.ddl))
+    return RecordSpec(value, key_spec, pipeline.headers, tombstones=pipeline.upsert is not None)
 
 
 def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int) -> RecordSpec:

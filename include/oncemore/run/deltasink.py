@@ -6,7 +6,8 @@ failing an expectation (quarantined as the row the transform made, in JSON, with
 expectation's name; or, for ``on_fail: fail``, failing the task naming expectation, topic,
 partition and offset) and rows a Delta table could not read back (an empty string as a partition
 value), and writes the rest in the table's schema; its message lists its files and counts.
-``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
+An upsert's tasks write change rows instead, to the part's staging area, and quarantine those that
+cannot be applied (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
 to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
 Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
 with, goes to the staging area for the run. Before committing, ``commit`` leaves a mark there:
@@ -28,8 +29,10 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from oncemore.commit.committer import delete_files
 from oncemore.commit.inputs import RangeResult
-from oncemore.commit.part import Part, Written, commit_part
+from oncemore.commit.part import Part, Written, change_schema, commit_part
 from oncemore.core.columns import (
+    CHANGE_COLUMN,
+    INVALID_COLUMN,
     METADATA_FIELDS,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
@@ -52,6 +55,10 @@ COMMIT_BEGUN = "commit-begun"
 
 class ExpectationFailed(OncemoreError):
     """A row failed an expectation whose ``on_fail`` is ``fail``."""
+
+
+class TruncateRefused(OncemoreError):
+    """An upsert pipeline met a Debezium truncate: no change by key says which rows it removed."""
 
 
 @dataclass
@@ -90,7 +97,12 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             for _ in iterator:  # the reading tasks run to the end of their ranges
                 pass
             return WrittenFiles([], {}, {})
-        main = TableWriter("main", self.part.table_uri, self.table_schema, self.part.partition_by, self.storage)
+        if self.part.upsert is None:
+            main = TableWriter("main", self.part.table_uri, self.table_schema, self.part.partition_by, self.storage)
+            schema = self.table_schema
+        else:  # change rows, staged for the driver's MERGE (commit/merge.py)
+            schema = change_schema(self.table_schema)
+            main = TableWriter("changes", self.part.changes_uri, schema, (), self.storage)
         quarantine = TableWriter("quarantine", self.part.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage)
         violations: Counter = Counter()
         by_partition: Counter = Counter()
@@ -100,6 +112,9 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             rows = pa.Table.from_batches([batch])
             errors = self._failed_expectations(rows, verdicts, violations)
             rows = rows.drop_columns(verdicts)
+            if self.part.upsert is not None:
+                errors.update(self._inapplicable(rows))
+                rows = rows.drop_columns([INVALID_COLUMN])
             for i, message in unstorable_partition_values(rows, self.part.partition_by).items():
                 errors.setdefault(i, message)
             if errors:
@@ -109,12 +124,13 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                                                          bad.column(PARTITION_COLUMN).to_pylist())):
                     by_partition[text] += 1
                 with watch.timing("write"):
-                    quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
+                    shown = bad.drop_columns([CHANGE_COLUMN]) if self.part.upsert is not None else bad
+                    quarantine.write(self._quarantined(shown, [errors[i] for i in failing]))
                 keep = pa.array([i not in errors for i in range(rows.num_rows)])
                 rows = rows.filter(keep)
             if rows.num_rows:
                 with watch.timing("write"):
-                    main.write(conform(rows, self.table_schema))
+                    main.write(conform(rows, schema))
         with watch.timing("write"):
             files = main.close() + quarantine.close()
         return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition), watch.seconds["write"])
@@ -137,6 +153,21 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             for i in failing:
                 errors.setdefault(i, f"expectation {expectation['name']} failed")
         return errors
+
+    def _inapplicable(self, rows: pa.Table) -> dict[int, str]:
+        """Change rows that cannot be applied, by row (shape/changes.py says why); a Debezium truncate
+        fails the task, naming where it is: its deletes are not in the stream."""
+        truncates = pc.indices_nonzero(pc.and_(pc.equal(rows.column(CHANGE_COLUMN), "truncate"),
+                                               pc.is_null(rows.column(INVALID_COLUMN)))).to_pylist()
+        if truncates:
+            first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(truncates[0], 1).to_pylist()[0]
+            raise TruncateRefused(
+                f"pipeline {self.part.pipeline}: {first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset "
+                f"{first[OFFSET_COLUMN]}: a Debezium truncate (op t) cannot be applied by key; nothing was committed "
+                "(empty the table with oncemore delete, then reset past it)", topic=first[TOPIC_COLUMN],
+                partition=first[PARTITION_COLUMN], offset=first[OFFSET_COLUMN])
+        invalid = rows.column(INVALID_COLUMN)
+        return {i: invalid[i].as_py() for i in pc.indices_nonzero(pc.is_valid(invalid)).to_pylist()}
 
     def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
         """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's

@@ -18,13 +18,14 @@ import pyarrow as pa
 
 from oncemore.commit.inputs import AheadRecord
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import SchemaError, check_partition_by
+from oncemore.core.columns import OWN_PREFIX, SchemaError, check_partition_by
 from oncemore.core.coordinates import KafkaPartition, by_text
 from oncemore.decode.recordspec import RecordSpec
 from oncemore.decode.resolve import FormatError, follow, refuse, registries, resolve
 from oncemore.decode.rows import decoded_columns
 from oncemore.run.tasks import TaskSpec
-from oncemore.shape.transform import VERDICT_PREFIX, TransformRefused
+from oncemore.shape.changes import UpsertRefused
+from oncemore.shape.transform import TransformRefused
 
 log = logging.getLogger("oncemore")
 
@@ -61,7 +62,7 @@ def follow_writer(pipeline: Pipeline, prepared: Prepared, ahead: AheadRecord,
     try:
         followed = follow(pipeline, prepared.records, ahead.role, ahead.schema_id)
         return _made_ready(pipeline, followed, prepared.registries, spark_factory)
-    except (FormatError, SchemaError, SchemaChangeRefused, TransformRefused) as exc:
+    except (FormatError, SchemaError, SchemaChangeRefused, TransformRefused, UpsertRefused) as exc:
         # Quarantined, not a failed run: every later run would fail on the same record.
         reason = (f"writer schema {ahead.schema_id} cannot be stored in the table: "
                   f"{exc.evidence['problem'] if isinstance(exc, SchemaChangeRefused) else exc}")
@@ -96,7 +97,7 @@ def table_schema(pipeline: Pipeline, records: RecordSpec, settings: Registries,
         register_source(spark, KafkaRecordsDataSource)
         probe = _probe_options(task_spec(pipeline, records, schema, {}, settings))
         shaped = shape(spark, spark.read.format(KafkaRecordsDataSource.name()).options(**probe).load(), pipeline)
-        schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(VERDICT_PREFIX)]).schema)
+        schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(OWN_PREFIX)]).schema)
     try:
         check_partition_by(schema, pipeline.sink.partition_by)
     except SchemaError as exc:

@@ -23,10 +23,12 @@ from typing import Callable
 
 from oncemore.commit.groupmirror import mirror_positions
 from oncemore.commit.inputs import AheadRecord, RangeResult
+from oncemore.commit.merge import UpsertSpec
 from oncemore.commit.part import Part, PartOutcome, Written, commit_part
 from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
+from oncemore.core.columns import key_columns
 from oncemore.core.coordinates import KafkaPartition, by_text
 from oncemore.core.errors import CommitConflict
 from oncemore.core.stopwatch import RUN_PHASES, Stopwatch, one_line
@@ -189,7 +191,15 @@ class _Run:
             log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
             profile={} if self.run_phases_recorded else self.watch.ms(RUN_PHASES),
             may_filter=self.pipeline.transform is not None,
+            upsert=self._upsert(),
         )
+
+    def _upsert(self) -> UpsertSpec | None:
+        upsert = self.pipeline.upsert
+        if upsert is None:
+            return None
+        keys = tuple(key_columns(self.prepared.table_schema, upsert.keys))
+        return UpsertSpec(keys, upsert.sequence_by is not None, self.pipeline.sink.tombstones_uri)
 
     def _account(self, part: PartPlan, outcome: PartOutcome, report: BatchReport) -> None:
         """The part's outcome in the batch's report, the consumer group and the run's progress."""

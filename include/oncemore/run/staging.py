@@ -18,9 +18,8 @@ from typing import Mapping
 
 import pyarrow.fs as pafs
 
+from oncemore.commit.inputs import STAGING_DIR
 from oncemore.core.storage import filesystem
-
-STAGING_DIR = "_oncemore_staging"
 
 
 class Staging:

@@ -27,6 +27,7 @@ from typing import Callable
 
 from oncemore.config.model import Pipeline, PythonTransform
 from oncemore.core.errors import OncemoreError
+from oncemore.shape.changes import change_rows
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
 VERDICT_PREFIX = "_oncemore_expect_"
@@ -57,7 +58,8 @@ class TransformRefused(OncemoreError):
 
 def shape(session, records, pipeline: Pipeline):
     """``records`` (a DataFrame of the records schema) transformed, checked, and with a verdict
-    column per expectation (TRUE when the row satisfies it; FALSE or NULL fails it)."""
+    column per expectation (TRUE when the row satisfies it; FALSE or NULL fails it); an upsert's
+    records as change rows (changes.py)."""
     where = f"pipeline {pipeline.name}: transform"
     try:
         shaped = _transformed(session, records, pipeline.transform)
@@ -90,6 +92,8 @@ def shape(session, records, pipeline: Pipeline):
             raise TransformRefused(f"pipeline {pipeline.name}: expectation {expectation.name}: "
                                    f"{_first_line(exc)}", expectation=expectation.name) from None
         shaped = shaped.withColumn(f"{VERDICT_PREFIX}{i}", verdict)
+    if pipeline.upsert is not None:
+        shaped = change_rows(shaped, pipeline.upsert, pipeline.name)
     return shaped
 
 

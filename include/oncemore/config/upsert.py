@@ -1,0 +1,74 @@
+"""The ``upsert`` block of a pipeline file: change events applied by key (commit/merge.py),
+checked against the rest of the pipeline as the file loads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+
+from oncemore.config.values import Positive, key_problem
+from oncemore.core.columns import key_type_ok
+
+if TYPE_CHECKING:
+    from oncemore.config.model import Format
+
+
+class Upsert(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    """Change events applied by key (commit/merge.py): the table holds each key's latest row.
+
+    ``envelope: debezium``: the value is Debezium's envelope and ``format`` describes its row
+    (``before``/``after``; a registry schema is the envelope's, the row its ``after`` type): ops c, r
+    and u upsert ``after``, d deletes, t fails the run. ``envelope: none``: the value is the row. A
+    null value (a tombstone) deletes its key in offset order; under ``sequence_by`` it is Kafka's
+    compaction marker only, counted and not applied."""
+
+    keys: tuple[StrictStr, ...] = Field(min_length=1, description="the table's key columns (row columns; for a "
+                                                                   "record with no row, the Kafka key's fields)")
+    envelope: Literal["debezium", "none"] = "none"
+    sequence_by: StrictStr | None = Field(
+        default=None, description="a Spark SQL expression over the record (the envelope's fields for debezium), "
+                                  "compared as a number: the greatest wins; without it, Kafka's (partition, offset)")
+    delete_when: StrictStr | None = Field(default=None, description="envelope none: a Spark SQL predicate marking "
+                                                                    "rows that are deletes, e.g. \"__deleted = 'true'\"")
+    tombstone_retention_hours: Positive = Field(
+        default=168, description="under sequence_by, how long a delete is kept against late events (oncemore "
+                                 "maintain forgets older ones)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Upsert":
+        if len({k.lower() for k in self.keys}) != len(self.keys):
+            raise key_problem("keys", "names a column twice")
+        if self.delete_when is not None and self.envelope == "debezium":
+            raise key_problem("delete_when", "applies to envelope none (Debezium's op says what is a delete)")
+        return self
+
+    def check_fits(self, fmt: "Format", partition_by: tuple[str, ...], shapes: bool) -> None:
+        """The block against the pipeline's ``format``, ``sink.partition_by`` and whether it has a
+        transform or expectations (``shapes``); a registry's columns are checked at run time
+        (shape/changes.py)."""
+        if shapes:
+            raise key_problem("upsert", "cannot be combined with a transform or expectations yet: the change "
+                                        "events are applied as decoded")
+        if fmt.type in ("raw", "string"):
+            raise key_problem("upsert", f"needs a format with columns (json, avro, protobuf), not {fmt.type}")
+        if self.envelope == "debezium" and fmt.type != "json" and fmt.ddl:
+            raise key_problem("format.schema", "does not apply to a registry's Debezium envelope: its after type is "
+                                               "the row")
+        declared = fmt.declared
+        if declared is not None:
+            names = {n.lower(): n for n in declared.names}
+            for key in self.keys:
+                if key.lower() not in names:
+                    raise key_problem("upsert.keys", f"{key!r} is not a column of the row ({', '.join(declared.names)})")
+                kind = declared.field(names[key.lower()]).type
+                if not key_type_ok(kind):
+                    raise key_problem("upsert.keys", f"{key!r} has type {kind}; a key column compares exactly "
+                                                     "(integers, strings, dates, decimals, booleans, binary)")
+        outside = [c for c in partition_by if c.lower() not in {k.lower() for k in self.keys}]
+        if outside:
+            # A row partitioned by a column that can change would move partitions and stay twice.
+            raise key_problem("sink.partition_by", f"{outside[0]!r} is not a key column: an upsert table is "
+                                                   "partitioned by key columns only")

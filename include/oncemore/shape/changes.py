@@ -1,0 +1,124 @@
+"""An upsert pipeline's decoded records as change rows, in Spark SQL: the row (Debezium's ``after``,
+or the value itself), the record's coordinates, its sequence, what the change is
+(``_oncemore_change``: upsert, delete, tombstone, truncate) and why it cannot be applied
+(``_oncemore_invalid``: NULL when it can).
+
+Invariant: one change row per record, each with its coordinates as read; a record that cannot be
+applied (an unknown op, a create without ``after``, a NULL key column, a NULL sequence) carries its
+reason, and the sink quarantines it, never drops it. A tombstone's key columns come from the Kafka
+key; so do a Debezium delete's where ``before`` lacks them. The sequence is
+``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL,
+hence quarantined with its reason).
+"""
+
+from __future__ import annotations
+
+from oncemore.config.model import Upsert
+from oncemore.core.columns import (
+    CHANGE_COLUMN,
+    INVALID_COLUMN,
+    METADATA_FIELDS,
+    SEQUENCE_COLUMN,
+    TOMBSTONE_COLUMN,
+)
+from oncemore.core.errors import OncemoreError
+
+
+class UpsertRefused(OncemoreError):
+    """An upsert block that does not fit the records (a key that is no column, a sequence_by or
+    delete_when that does not resolve)."""
+
+
+_DEBEZIUM = ("before", "after", "op")
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def change_rows(records, upsert: Upsert, pipeline: str):
+    """``records`` (the decoded records DataFrame) as change rows (module docstring)."""
+    from pyspark.sql.types import StructType
+
+    schema = records.schema
+    names = set(schema.fieldNames())
+    coordinates = [f.name for f in METADATA_FIELDS]
+    where = f"pipeline {pipeline}: upsert"
+    if upsert.envelope == "debezium":
+        missing = [n for n in _DEBEZIUM if n not in names]
+        if missing or not isinstance(schema["after"].dataType, StructType):
+            lacks = ", ".join(missing) or "a row in after"
+            raise UpsertRefused(f"{where}: the value is not a Debezium envelope (it lacks {lacks}; columns: "
+                                f"{', '.join(sorted(names))})", columns=sorted(names))
+        row = schema["after"].dataType
+        before = {f.name.lower() for f in schema["before"].dataType} if isinstance(schema["before"].dataType,
+                                                                                StructType) else set()
+    else:
+        row = StructType([f for f in schema if f.name not in {"key", "headers", TOMBSTONE_COLUMN, *coordinates}])
+    by_lower = {f.name.lower(): f for f in row}
+    for key in upsert.keys:
+        if key.lower() not in by_lower:
+            raise UpsertRefused(f"{where}.keys: {key!r} is not a column of the row ({', '.join(row.fieldNames())})",
+                                key=key)
+    keys = [by_lower[k.lower()] for k in upsert.keys]
+    key_names = {k.name for k in keys}
+    key_type = schema["key"].dataType if "key" in names else None
+
+    def kafka_key(field) -> str:
+        if isinstance(key_type, StructType):
+            found = {f.name.lower(): f.name for f in key_type}.get(field.name.lower())
+            return f"CAST(key.{_q(found)} AS {field.dataType.simpleString()})" if found else "NULL"
+        if key_type is not None and len(keys) == 1:
+            return f"try_cast(CAST(key AS STRING) AS {field.dataType.simpleString()})"
+        return "NULL"
+
+    tombstone = _q(TOMBSTONE_COLUMN)
+    columns, values = [], {}
+    if upsert.envelope == "debezium":
+        change = (f"CASE WHEN {tombstone} THEN 'tombstone' WHEN op IN ('c', 'r', 'u') THEN 'upsert' "
+                  "WHEN op = 'd' THEN 'delete' WHEN op = 't' THEN 'truncate' END")
+        for field in row:
+            if field.name in key_names:
+                from_before = f"before.{_q(field.name)}" if field.name.lower() in before else "NULL"
+                value = (f"CASE WHEN {tombstone} THEN {kafka_key(field)} WHEN op = 'd' THEN "
+                         f"coalesce({from_before}, {kafka_key(field)}) ELSE after.{_q(field.name)} END")
+            else:
+                value = f"CASE WHEN op = 'd' THEN NULL ELSE after.{_q(field.name)} END"
+            values[field.name] = value
+            columns.append(f"{value} AS {_q(field.name)}")
+        invalid = [(f"NOT {tombstone} AND (op IS NULL OR op NOT IN ('c', 'r', 'u', 'd', 't'))",
+                    "concat('Debezium op ', coalesce(concat('''', op, ''''), 'NULL'), ' is not c, r, u, d or t')"),
+                   (f"NOT {tombstone} AND op IN ('c', 'r', 'u') AND after IS NULL",
+                    "concat('Debezium op ', op, ' carries no after')")]
+    else:
+        deletes = f"coalesce(({upsert.delete_when}), false)" if upsert.delete_when else "false"
+        change = f"CASE WHEN {tombstone} THEN 'tombstone' WHEN {deletes} THEN 'delete' ELSE 'upsert' END"
+        for field in row:
+            value = f"CASE WHEN {tombstone} THEN {kafka_key(field)} ELSE {_q(field.name)} END" \
+                if field.name in key_names else _q(field.name)
+            values[field.name] = value
+            columns.append(f"{value} AS {_q(field.name)}")
+        invalid = []
+    sequenced = upsert.sequence_by is not None
+    applies = f"NOT {tombstone}" if sequenced else "true"  # under sequence_by a tombstone is a compaction marker
+    for key in keys:
+        invalid.append((f"{applies} AND ({values[key.name]}) IS NULL", f"'key column {_sql_text(key.name)} is NULL'"))
+    if sequenced:
+        sequence = f"try_cast(({upsert.sequence_by}) AS DECIMAL(38,6))"
+        columns.append(f"{sequence} AS {SEQUENCE_COLUMN}")
+        invalid.append((f"NOT {tombstone} AND {sequence} IS NULL",
+                        f"'sequence_by {_sql_text(upsert.sequence_by)} is NULL or not a number'"))
+    columns += [_q(c) for c in coordinates]
+    columns.append(f"{change} AS {CHANGE_COLUMN}")
+    reasons = " ".join(f"WHEN {test} THEN {reason}" for test, reason in invalid)
+    columns.append(f"CAST(CASE {reasons} END AS STRING) AS {INVALID_COLUMN}")
+    try:
+        shaped = records.selectExpr(*columns)
+        shaped.schema  # resolves sequence_by and delete_when
+    except Exception as exc:  # Spark's analysis error
+        raise UpsertRefused(f"{where}: {str(exc).strip().splitlines()[0]}") from None
+    return shaped
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
