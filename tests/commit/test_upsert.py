@@ -4,9 +4,11 @@ re-creates after deletes, the two-partition refusal, the counts in each commit's
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from conftest import oncemore_commits
+from conftest import oncemore_commits, query
 from devtools.changefeed import debezium_events, fold, produce, project, read_back, source_state, table_state
 from oncemore.commit.merge import COUNTS, KeyInTwoPartitions
 from oncemore.run.runner import run
@@ -21,9 +23,13 @@ def debezium(make_pipeline, topic, sequence_by=None, **overrides):
                          format={"type": "json", "schema": ROW}, upsert=upsert, **overrides)
 
 
-def assert_folded(pipeline, broker, topic, sequence=None):
-    """The table equals the fold of everything in the topic, key by key, coordinates included."""
-    expected = fold(read_back(broker.bootstrap_servers, topic), "debezium", ("id",), sequence=sequence)
+def assert_folded(pipeline, broker, topic, sequence=None, skip: bytes | None = None, skip_invalid: bool = False):
+    """The table equals the fold of everything in the topic (but values ``skip``, and with
+    ``skip_invalid`` those whose ``sequence`` is None: quarantined), key by key, coordinates included."""
+    records = [r for r in read_back(broker.bootstrap_servers, topic) if skip is None or r[4] != skip]
+    if skip_invalid:
+        records = [r for r in records if r[4] is None or sequence(json.loads(r[4])) is not None]
+    expected = fold(records, "debezium", ("id",), sequence=sequence)
     found = table_state(pipeline.sink.table_uri, ("id",))
     assert set(found) == set(expected)
     for key, row in expected.items():
@@ -74,5 +80,85 @@ def test_a_key_in_two_partitions_without_a_sequence_commits_nothing(spark, broke
     produce(broker.bootstrap_servers, topic, events, "shuffled", seed=1)
     pipeline = debezium(make_pipeline, topic)
     with pytest.raises(KeyInTwoPartitions, match=r"pipeline accounts: key \{'id': \d+\} has events in partitions"):
+        run(pipeline, spark_factory=lambda: spark)
+    assert oncemore_commits(pipeline.sink.table_uri) == []
+
+
+def envelope(op, row=None, before=None, lsn=0):
+    return json.dumps({"before": before, "after": row, "op": op, "ts_ms": 1, "source": {"lsn": lsn}}).encode()
+
+
+def key(i: int) -> bytes:
+    return json.dumps({"id": i}).encode()
+
+
+def test_a_late_event_never_overwrites_a_newer_row_nor_brings_a_deleted_one_back_across_runs(
+        spark, broker, topic, make_pipeline):
+    row = lambda i, name: {"id": i, "name": name, "balance": i}  # noqa: E731
+    broker.produce(topic, [
+        (0, key(1), envelope("c", row(1, "one"), lsn=10), None),
+        (0, key(1), envelope("d", before=row(1, "one"), lsn=30), None),
+        (0, key(2), envelope("u", row(2, "two-new"), lsn=50), None),
+        (0, key(3), envelope("c", row(3, "tie-first"), lsn=70), None),
+        (1, key(3), envelope("u", row(3, "tie-second"), lsn=70), None),  # equal sequence: (partition, offset) decides
+        (0, key(4), envelope("c", row(4, "four"), lsn=5), None),
+        (0, key(4), None, None),  # under sequence_by a tombstone is a compaction marker: counted, not applied
+    ])
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    run(pipeline, spark_factory=lambda: spark)
+    broker.produce(topic, [
+        (1, key(1), envelope("u", row(1, "late-update"), lsn=20), None),  # older than the delete: stays deleted
+        (2, key(2), envelope("u", row(2, "two-old"), lsn=40), None),  # older than the row: stale
+        (2, key(5), envelope("d", before=row(5, "five"), lsn=90), None),  # a delete of a key never seen
+        (1, key(5), envelope("c", row(5, "five-late"), lsn=80), None),  # its older create arrives after it
+        (2, key(6), envelope("c", row(6, "six"), lsn=60), None),
+        (2, key(6), envelope("d", before=row(6, "six"), lsn=61), None),
+        (1, key(6), envelope("c", row(6, "six-again"), lsn=62), None),  # a re-create after its delete
+        (1, key(7), envelope("u", row(7, "seven"), lsn=None), None),
+        (1, key(8), envelope("x", row(8, "eight"), lsn=1), None),
+        (1, key(9), envelope("u", {"id": None, "name": "no key", "balance": 0}, lsn=1), None),
+    ])
+    run(pipeline, spark_factory=lambda: spark)
+    def applicable_lsn(value):  # None for the three records oncemore must quarantine
+        valid = value["op"] in "crud" and isinstance(value["source"]["lsn"], int) and (value["after"] or {}).get(
+            "id", value["op"] == "d") is not None
+        return value["source"]["lsn"] if valid else None
+
+    rows = {k[0]: r["name"] for k, r in assert_folded(pipeline, broker, topic, applicable_lsn, skip_invalid=True).items()}
+    assert rows == {2: "two-new", 3: "tie-second", 4: "four", 6: "six-again"}
+    last = oncemore_commits(pipeline.sink.table_uri)[-1][1].records
+    assert {k: last[k] for k in ("stale", "quarantined", "noop_deletes", "inserted", "deleted", "superseded")} == {
+        "stale": 2, "quarantined": 3, "noop_deletes": 1, "inserted": 1, "deleted": 0, "superseded": 3}, last
+    reasons = sorted(r[0] for r in query(pipeline.sink.quarantine_uri, "SELECT error FROM {table}"))
+    assert reasons == ["Debezium op 'x' is not c, r, u, d or t", "key column id is NULL",
+                       "sequence_by source.lsn is NULL or not a number"]
+    accounted(pipeline)
+
+
+def test_envelope_none_deletes_by_tombstone_and_by_delete_when_in_offset_order(spark, broker, topic, make_pipeline):
+    value = lambda i, name, deleted="false": json.dumps(  # noqa: E731
+        {"id": i, "name": name, "balance": i, "__deleted": deleted}).encode()
+    broker.produce(topic, [(0, key(1), value(1, "a"), None), (0, key(2), value(2, "b"), None),
+                           (0, key(1), None, None), (0, key(2), value(2, "b", "true"), None),
+                           (0, key(3), value(3, "c"), None), (0, key(3), value(3, "c2"), None),
+                           (1, key(4), None, None)])
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": ROW + ", __deleted STRING"},
+                             upsert={"keys": ["id"], "delete_when": "__deleted = 'true'"})
+    run(pipeline, spark_factory=lambda: spark)
+    found = table_state(pipeline.sink.table_uri, ("id",))
+    assert {k: r["name"] for k, r in found.items()} == {(3,): "c2"}
+    assert found[(3,)]["_kafka_offset"] == 5
+    last = oncemore_commits(pipeline.sink.table_uri)[-1][1].records
+    assert {k: last[k] for k in ("inserted", "superseded", "noop_deletes", "tombstones")} == {
+        "inserted": 1, "superseded": 4, "noop_deletes": 3, "tombstones": 0}, last
+    accounted(pipeline)
+
+
+def test_a_debezium_truncate_fails_the_run_naming_it_and_commits_nothing(spark, broker, topic, make_pipeline):
+    broker.produce(topic, [(0, key(1), envelope("c", {"id": 1, "name": "a", "balance": 1}, lsn=1), None),
+                           (0, None, envelope("t", lsn=2), None)])
+    pipeline = debezium(make_pipeline, topic)
+    with pytest.raises(Exception, match=rf"pipeline accounts: {topic}/0 offset 1: a Debezium truncate \(op t\)"):
         run(pipeline, spark_factory=lambda: spark)
     assert oncemore_commits(pipeline.sink.table_uri) == []

@@ -34,6 +34,7 @@ from deltalake import DeltaTable
 
 from oncemore.commit import committer
 from oncemore.commit.committer import CommitOutcome, held, merge
+from oncemore.core import crashpoints
 from oncemore.core.columns import (
     CHANGE_COLUMN,
     DELETED_AT_FIELD,
@@ -191,6 +192,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, rows: pa.Table, spec: Upser
         if kept.num_rows:
             tombstones_version = _keep_deletes(tombstones, kept, spec, expected, new_positions, partitions,
                                                counts_record)
+            crashpoints.reach("tombstones_committed")
     if not changing.num_rows:
         return committer.commit(ledger, [], expected, new_positions, partitions, counts_record), counts, tombstones_version
     outcome, metrics = merge(ledger, table, changing, _on_keys(spec.keys), _main_clauses, expected, new_positions,

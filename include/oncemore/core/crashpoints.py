@@ -11,6 +11,8 @@ a pipeline's config or on a command line can set it. The steps of a run, in orde
   when the records are shaped in Spark), its files written and none validated yet.
 - ``validated``: there, its files validated, before the quarantine commit.
 - ``quarantine_committed``: there, the quarantine commit made, before the main commit.
+- ``tombstones_committed``: there, an upsert part's deletes kept in its tombstones table
+  (commit/merge.py), before the main MERGE.
 - ``main_committed``: there, the main commit made, before the outcome reaches the run.
 - ``mirrored``: the run's process, a batch's positions mirrored to the consumer group.
 
@@ -40,8 +42,8 @@ from pathlib import Path
 FAULTS_ENV = "ONCEMORE_FAULTS"
 GROUP_ENV = "ONCEMORE_FAULTS_GROUP"
 ONCE_ENV = "ONCEMORE_FAULTS_ONCE"
-STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "main_committed", "mirrored",
-         "compacted", "checkpointed")
+STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "tombstones_committed", "main_committed",
+         "mirrored", "compacted", "checkpointed")
 
 
 def arm() -> None:
