@@ -150,17 +150,16 @@ def _matched(latest: pa.Table, other: pa.Table, keys: tuple[str, ...], columns: 
     return joined.select([*columns, "_present"])
 
 
-def apply(ledger: Ledger, tombstones: Ledger | None, rows: pa.Table, spec: UpsertSpec, expected, new_positions,
-          partitions, record: CommitInfo, pipeline: str) -> tuple[CommitOutcome, dict[str, int], int | None]:
-    """The part's tombstones commit (sequence_by) and main MERGE commit; returns the main outcome,
-    the counts (module docstring) and the tombstones table's version (None: no commit of it)."""
-    changes = reduce_changes(rows, spec, pipeline)
+def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
+          partitions, record: CommitInfo, pipeline: str) -> tuple[CommitOutcome, dict[str, int]]:
+    """The part's ``changes`` (reduce_changes: before any commit of the part) applied: its
+    tombstones commit (sequence_by), then its main MERGE commit; returns the main outcome and the
+    counts (module docstring)."""
     table = ledger.snapshot()
     if held(ledger, table, expected, new_positions):
-        return CommitOutcome("already_committed", None), changes.counts, None
-    latest, counts = changes.latest, changes.counts
+        return CommitOutcome("already_committed", None), changes.counts
+    latest, counts = changes.latest, dict(changes.counts)
     order = [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else list(ORDER)
-    tombstones_version = None
     if spec.sequenced and latest.num_rows:
         deletes = tombstones.snapshot()
         theirs = _matched(latest, _read(deletes, spec.keys, latest, order), spec.keys, order)
@@ -190,11 +189,10 @@ def apply(ledger: Ledger, tombstones: Ledger | None, rows: pa.Table, spec: Upser
     if spec.sequenced:
         kept = current.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select([*spec.keys, *order])
         if kept.num_rows:
-            tombstones_version = _keep_deletes(tombstones, kept, spec, expected, new_positions, partitions,
-                                               counts_record)
+            _keep_deletes(tombstones, kept, new_positions, partitions, counts_record)
             crashpoints.reach("tombstones_committed")
     if not changing.num_rows:
-        return committer.commit(ledger, [], expected, new_positions, partitions, counts_record), counts, tombstones_version
+        return committer.commit(ledger, [], expected, new_positions, partitions, counts_record), counts
     outcome, metrics = merge(ledger, table, changing, _on_keys(spec.keys), _main_clauses, expected, new_positions,
                              partitions, counts_record, MERGE_MEMORY_BYTES)
     if outcome.status == "committed" and metrics:
@@ -204,7 +202,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, rows: pa.Table, spec: Upser
             raise MergeMiscount(f"pipeline {pipeline}: {ledger.table_uri} version {outcome.version}: the MERGE "
                                 f"changed {found}, the events said {({k: counts[k] for k in found})}",
                                 version=outcome.version, found=found)
-    return outcome, counts, tombstones_version
+    return outcome, counts
 
 
 def _on_keys(keys: tuple[str, ...]) -> str:
@@ -228,20 +226,18 @@ def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: l
     return dataset.to_table(columns=wanted)
 
 
-def _keep_deletes(tombstones: Ledger, deletes: pa.Table, spec: UpsertSpec, expected, new_positions, partitions,
-                  record: CommitInfo) -> int | None:
-    """The deletes MERGEd into the tombstones table with the positions (a newer delete replaces an
-    older one of its key); its version, None when it already held them."""
+def _keep_deletes(tombstones: Ledger, deletes: pa.Table, new_positions, partitions, record: CommitInfo) -> None:
+    """The deletes MERGEd into the tombstones table (a newer delete replaces an older one of its
+    key) with the positions of their partitions, which only ever move forward there: a partition
+    it holds further already (a crashed run's larger part) is left where it is."""
     table = tombstones.snapshot()
     touched = {KafkaPartition(t, p) for t, p in zip(deletes.column(TOPIC_COLUMN).to_pylist(),
                                                     deletes.column(PARTITION_COLUMN).to_pylist())}
-    held_expected = tombstones.positions(touched, table)
-    moves = {p: new_positions[p] for p in touched}
-    if all(held_expected[p] is not None and held_expected[p] >= moves[p] for p in touched):
-        return None  # a run (this one, before a crash) kept them already
-    # The tombstones table's positions only ever move forward, from wherever they are.
-    if held(tombstones, table, held_expected, moves):
-        return None
+    current = tombstones.positions(touched, table)
+    moves = {p: new_positions[p] for p in touched if current[p] is None or current[p] < new_positions[p]}
+    if not moves:
+        return  # a run (this one, before a crash) kept them already
+    held(tombstones, table, current, moves)  # the owner and the table's writability
     now = pa.array([int(time.time() * 1_000_000)] * deletes.num_rows, pa.int64()).cast(TIMESTAMP)
     source = deletes.append_column(DELETED_AT_FIELD, now)
     target = pa.schema(table.schema().to_arrow())
@@ -252,9 +248,9 @@ def _keep_deletes(tombstones: Ledger, deletes: pa.Table, spec: UpsertSpec, expec
     def clauses(merger):
         return merger.when_matched_update_all(predicate=newer).when_not_matched_insert_all()
 
-    outcome, _ = merge(tombstones, table, source, _on_keys(spec.keys), clauses, held_expected, moves, partitions,
-                       record, MERGE_MEMORY_BYTES)
-    return outcome.version
+    keys = [n for n in deletes.column_names if n not in (SEQUENCE_COLUMN, *ORDER)]
+    merge(tombstones, table, source, _on_keys(tuple(keys)), clauses, current, moves, partitions, record,
+          MERGE_MEMORY_BYTES)
 
 
 def _newer_sql() -> list[str]:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.inputs import RangeResult, changes_uri
-from oncemore.commit.merge import UpsertSpec, apply
+from oncemore.commit.merge import Changes, UpsertSpec, apply, reduce_changes
 from oncemore.core import crashpoints
 from oncemore.core.columns import CHANGE_COLUMN, QUARANTINE_SCHEMA
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
@@ -159,8 +159,10 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
         validate_files(part.changes_uri, change_files, change_schema(table_schema), (), read, storage_options)
-    crashpoints.reach("validated")
     records = _accounted(part, kept, main_files + change_files, written, read)
+    # An upsert part's events reduced before any commit: a part that cannot be applied commits nothing.
+    changes = _changes(part, change_files, table_schema, storage_options) if part.upsert is not None else None
+    crashpoints.reach("validated")
 
     def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
         return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms())
@@ -201,8 +203,8 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         if part.upsert is None:
             outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
         else:
-            outcome, counts = _merge(part, main, change_files, table_schema, {p: part.expected.get(p) for p in read},
-                                     new_positions, record, storage_options)
+            outcome, counts = _merge(part, main, changes, {p: part.expected.get(p) for p in read}, new_positions,
+                                     record, storage_options)
             records.update(counts)
     crashpoints.reach("main_committed")
     log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
@@ -267,17 +269,23 @@ def change_schema(table_schema: pa.Schema) -> pa.Schema:
     return table_schema.append(pa.field(CHANGE_COLUMN, pa.string()))
 
 
-def _merge(part: Part, main: Ledger, files: list[DataFile], table_schema: pa.Schema, expected, new_positions,
-           record: CommitInfo, storage_options: Mapping[str, str] | None) -> tuple[CommitOutcome, dict[str, int]]:
-    """The part's change rows applied (merge.py): its tombstones commit, then its main MERGE."""
+def _changes(part: Part, files: list[DataFile], table_schema: pa.Schema,
+             storage_options: Mapping[str, str] | None) -> Changes:
+    """The part's staged change rows, reduced to the last event per key (merge.py)."""
     fs, root = filesystem(part.changes_uri, storage_options)
     rows = [pq.read_table(f"{root}/{f.path}", filesystem=fs) for f in files]
-    changes = pa.concat_tables(rows) if rows else change_schema(table_schema).empty_table()
+    return reduce_changes(pa.concat_tables(rows) if rows else change_schema(table_schema).empty_table(), part.upsert,
+                          part.pipeline)
+
+
+def _merge(part: Part, main: Ledger, changes: Changes, expected, new_positions, record: CommitInfo,
+           storage_options: Mapping[str, str] | None) -> tuple[CommitOutcome, dict[str, int]]:
+    """The part's changes applied (merge.py): its tombstones commit, then its main MERGE."""
     tombstones = (Ledger(part.upsert.tombstones_uri, part.pipeline, storage_options)
                   if part.upsert.sequenced else None)
     try:
-        outcome, counts, _ = apply(main, tombstones, changes, part.upsert, expected, new_positions, part.partitions,
-                                   record, part.pipeline)
+        outcome, counts = apply(main, tombstones, changes, part.upsert, expected, new_positions, part.partitions,
+                                record, part.pipeline)
     except CommitConflict as conflict:
         log.warning("pipeline %s: %s; continuing from the new positions", part.pipeline, conflict)
         return CommitOutcome("conflict", None), {}

@@ -157,8 +157,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
     def _inapplicable(self, rows: pa.Table) -> dict[int, str]:
         """Change rows that cannot be applied, by row (shape/changes.py says why); a Debezium truncate
         fails the task, naming where it is: its deletes are not in the stream."""
-        truncates = pc.indices_nonzero(pc.and_(pc.equal(rows.column(CHANGE_COLUMN), "truncate"),
-                                               pc.is_null(rows.column(INVALID_COLUMN)))).to_pylist()
+        truncates = pc.indices_nonzero(pc.fill_null(pc.equal(rows.column(CHANGE_COLUMN), "truncate"), False)).to_pylist()
         if truncates:
             first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(truncates[0], 1).to_pylist()[0]
             raise TruncateRefused(
