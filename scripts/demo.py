@@ -1,6 +1,7 @@
 """The embedded default end to end: a local Apache Kafka broker, sample orders, `oncemore run` twice
 (the second is a no-op), the table's row count and positions; Avro orders through a local schema
-registry, Apicurio Registry (include/pipelines/examples/avro.yaml); then the pipeline's Airflow DAG on SQLite
+registry, Apicurio Registry (include/pipelines/examples/avro.yaml); Debezium change events applied by key
+(include/pipelines/examples/debezium_accounts.yaml); then the pipeline's Airflow DAG on SQLite
 (dag.test): a run after more data arrived, and a rerun that is a no-op."""
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
               f"together {main_rows + quarantined} of {len(produced)} produced")
 
         avro_orders(broker)
+        debezium_accounts(broker)
 
         more = broker.produce("orders", sample_orders(5_000))
         print(f"\nAirflow (SQLite, dag.test): {len(more)} more records produced; running DAG oncemore__orders", flush=True)
@@ -100,6 +102,28 @@ def avro_orders(broker) -> None:
         print(f"{table_uri}: {table.count()} rows; columns from the registered schema: {', '.join(columns)}")
     finally:
         registry.stop()
+
+
+def debezium_accounts(broker) -> None:
+    """The Debezium example (include/pipelines/examples/debezium_accounts.yaml): a simulated source
+    table's change events, late ones among them, land as that table's current state."""
+    from devtools.changefeed import debezium_events, produce, project, source_state, table_state
+
+    broker.create_topic("shop.public.accounts", 3)
+    events = debezium_events(keys=500, changes=5_000, seed=1)
+    produce(broker.bootstrap_servers, "shop.public.accounts", events, "shuffled", seed=1)
+    print(f"\n{len(events)} Debezium change events of table shop.public.accounts (snapshot, creates, updates, "
+          "deletes, tombstones) to topic shop.public.accounts, spread over 3 partitions out of order", flush=True)
+    example = str(ROOT / "include" / "pipelines" / "examples" / "debezium_accounts.yaml")
+    oncemore("run", "--config", example)
+    oncemore("run", "--config", example)  # nothing new: a no-op
+    table_uri = load_pipeline(example).sink.table_uri
+    landed = project(table_state(table_uri, ("id",)), ("id", "name", "balance"))
+    expected = source_state(events)
+    print(f"{table_uri}: {len(landed)} rows; the source table has {len(expected)}: "
+          f"{'equal, key by key' if landed == expected else 'THEY DIFFER'}", flush=True)
+    if landed != expected:
+        raise SystemExit("the Debezium example's table differs from its source table's state")
 
 
 def run_dag_twice(table_uri: str) -> None:
