@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from deltalake import DeltaTable
 
 from conftest import oncemore_commits, query
 from devtools.changefeed import debezium_events, fold, produce, project, read_back, source_state, table_state
@@ -138,6 +139,14 @@ def test_a_late_event_never_overwrites_a_newer_row_nor_brings_a_deleted_one_back
     reasons = sorted(r[0] for r in query(pipeline.sink.quarantine_uri, "SELECT error FROM {table}"))
     assert reasons == ["Debezium op 'x' is not c, r, u, d or t", "key column id is NULL",
                        "sequence_by source.lsn is NULL or not a number"]
+    # Only a stale event: the MERGE changes nothing, and the positions are committed alone.
+    before = DeltaTable(pipeline.sink.table_uri).version()
+    broker.produce(topic, [(2, key(2), envelope("u", row(2, "two-older"), lsn=45), None)])
+    run(pipeline, spark_factory=lambda: spark)
+    version, record = oncemore_commits(pipeline.sink.table_uri)[-1]
+    assert version == before + 1 and record.records["stale"] == 1 and record.ranges[topic]["2"][1] == 5
+    assert DeltaTable(pipeline.sink.table_uri).get_add_actions().num_rows == \
+        DeltaTable(pipeline.sink.table_uri, version=before).get_add_actions().num_rows
     accounted(pipeline)
 
 

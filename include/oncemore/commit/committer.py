@@ -128,8 +128,8 @@ def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, c
           partitions: Iterable[KafkaPartition], record: CommitInfo, memory_bytes: int) -> tuple[CommitOutcome, dict]:
     """One Delta MERGE of ``source`` (aliased ``s``) into ``table`` (``t``, the snapshot the caller
     checked with ``held`` and read from), its clauses added by ``clauses(merger)``, carrying the txn
-    actions and the record as commit() does; returns the outcome and delta-rs's metrics. The caller
-    makes sure the MERGE changes something: one that changes nothing makes no commit (delta-rs)."""
+    actions and the record as commit() does; returns the outcome and delta-rs's metrics. A MERGE
+    that changes no row makes no commit (delta-rs): the positions are then committed alone."""
     read_version = table.version()
     merger = table.merge(source, predicate, source_alias="s", target_alias="t", streamed_exec=False,
                          max_spill_size=memory_bytes,
@@ -138,6 +138,8 @@ def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, c
         metrics = clauses(merger).execute()
     except CommitFailedError as exc:
         return _failed(ledger, exc, record, read_version, expected, new_positions), {}
+    if not metrics["num_target_files_added"] and not metrics["num_target_files_removed"]:
+        return commit(ledger, [], expected, new_positions, partitions, record), metrics
     return CommitOutcome("committed", _version_of(ledger, record, read_version)), metrics
 
 

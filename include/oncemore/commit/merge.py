@@ -18,8 +18,8 @@ between the two leaves a delete that the rerun applies again (an event equal to 
 that delete, not stale). The main table holds only live rows.
 
 The events are classified against the snapshot the MERGE runs on, and the MERGE applies exactly
-the ones that change a row; a MERGE that would change nothing is a commit of the positions alone
-(delta-rs makes no commit for it). delta-rs's counts are checked against the classification.
+the ones that change a row; a MERGE that changes nothing is a commit of the positions alone
+(committer.merge). delta-rs's counts are checked against the classification.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from oncemore.commit import committer
 from oncemore.commit.committer import CommitOutcome, held, merge
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
@@ -161,8 +160,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     latest, counts = changes.latest, dict(changes.counts)
     order = [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else list(ORDER)
     if spec.sequenced and latest.num_rows:
-        deletes = tombstones.snapshot()
-        theirs = _matched(latest, _read(deletes, spec.keys, latest, order), spec.keys, order)
+        theirs = _matched(latest, _read(tombstones.snapshot(), spec.keys, latest, order), spec.keys, order)
         # An event equal to a held delete is that delete (its main commit did not land): not stale.
         stale = pc.and_(pc.is_valid(theirs.column("_present")), _newer(theirs, latest))
         counts["stale"] += pc.sum(stale).as_py() or 0
@@ -172,8 +170,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     # Without a sequence, the positions order the parts: an event of a later part is newer.
     stale = (pc.and_(present, pc.invert(_newer(latest, theirs))) if spec.sequenced
              else pa.array([False] * latest.num_rows, pa.bool_()))
-    current = latest
-    upserts, deletes = pc.equal(current.column(CHANGE_COLUMN), "upsert"), pc.equal(current.column(CHANGE_COLUMN), "delete")
+    upserts, deletes = pc.equal(latest.column(CHANGE_COLUMN), "upsert"), pc.equal(latest.column(CHANGE_COLUMN), "delete")
     live = pc.invert(stale)
     expect = {
         "inserted": pc.and_(live, pc.and_(upserts, pc.invert(present))),
@@ -184,18 +181,16 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     counts["stale"] += pc.sum(stale).as_py() or 0
     for name, mask in expect.items():
         counts[name] = pc.sum(mask).as_py() or 0
-    changing = current.filter(pc.or_(pc.or_(expect["inserted"], expect["updated"]), expect["deleted"]))
+    changing = latest.filter(pc.or_(pc.or_(expect["inserted"], expect["updated"]), expect["deleted"]))
     counts_record = replace(record, records={**record.records, **counts})
     if spec.sequenced:
-        kept = current.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select([*spec.keys, *order])
+        kept = latest.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select([*spec.keys, *order])
         if kept.num_rows:
             _keep_deletes(tombstones, kept, new_positions, partitions, counts_record)
             crashpoints.reach("tombstones_committed")
-    if not changing.num_rows:
-        return committer.commit(ledger, [], expected, new_positions, partitions, counts_record), counts
     outcome, metrics = merge(ledger, table, changing, _on_keys(spec.keys), _main_clauses, expected, new_positions,
                              partitions, counts_record, MERGE_MEMORY_BYTES)
-    if outcome.status == "committed" and metrics:
+    if outcome.status == "committed" and metrics:  # none when a retried commit was found to be ours
         found = {"inserted": metrics.get("num_target_rows_inserted"), "updated": metrics.get("num_target_rows_updated"),
                  "deleted": metrics.get("num_target_rows_deleted")}
         if any(found[k] != counts[k] for k in found):
