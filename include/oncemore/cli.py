@@ -106,19 +106,24 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--take-over", action="store_true",
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
-    add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables", _maintain)
+    add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables (an upsert's tombstones table "
+                    "too, past its retention forgotten)", _maintain)
     delete = add("delete", "delete rows from the pipeline's tables by a predicate, each commit recording the "
                            "offsets removed (verify accounts for them)", _delete)
     delete.add_argument("--where", required=True, metavar="SQL",
                         help="the rows to delete: a SQL predicate over the table's columns (DataFusion's dialect, as "
                              "delta-rs evaluates it), e.g. \"customer_id = 42\"")
     delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, commit nothing")
-    verify = add("verify", "audit exactly-once from the tables alone: every committed offset in a table once, "
-                           "no row outside a committed range, history contiguous, positions as committed (exit 1 "
-                           "on any discrepancy)", _verify)
+    verify = add("verify", "audit exactly-once from the tables alone: every committed offset in a table once "
+                           "(an upsert table: no key twice, every commit's record accounting for its records), no row "
+                           "outside a committed range, history contiguous, positions as committed (exit 1 on any "
+                           "discrepancy)", _verify)
     verify.add_argument("--since", type=int, metavar="VERSION",
                         help="check the row counts of the commits from this table version on (rows and history are "
                              "checked over every commit the log keeps)")
+    verify.add_argument("--replay", action="store_true",
+                        help="an upsert table: also read the committed ranges again from Kafka and compare the table "
+                             "with their last event per key (exit 1 when Kafka no longer holds a committed range)")
     verify.add_argument("--json", action="store_true", help="the whole report, machine-readable")
     verify.add_argument("--record", action="store_true",
                         help="keep the result beside the table for the oncemore page (the maintenance DAG's verify "
@@ -281,7 +286,7 @@ def _verify(pipeline: Pipeline, args) -> int:
     from oncemore.report.verify import verify
 
     with _spark_for(pipeline.name, args) as spark:
-        report = verify(pipeline, spark, since=args.since)
+        report = verify(pipeline, spark, since=args.since, replay=args.replay)
     if args.record:
         record_result(pipeline, report)
     print(report.to_json() if args.json else report.describe())

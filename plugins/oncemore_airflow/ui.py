@@ -2,7 +2,8 @@
 plugin's ``fastapi_apps``), shown in the UI's navigation as an embedded view (``external_views``).
 
 ``/`` lists every pipeline with its per-partition position, log end, lag and last commit, and its
-recent batches; ``/pipelines/<name>`` adds plots of the batch history and a quarantine sample;
+recent batches (an upsert pipeline's with what their events did: inserted, updated, deleted,
+stale); ``/pipelines/<name>`` adds plots of the batch history and a quarantine sample;
 ``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.report.overview``: the
 Delta logs and Kafka, read-only. Access follows Airflow's: the caller's token (the UI's session
 cookie or a bearer token) must allow reading the pipeline's DAG.

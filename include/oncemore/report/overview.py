@@ -1,6 +1,7 @@
 """What an on-call engineer looks at first, per pipeline: its state now (``report.status``) and its
-recent history from the Delta log — batches, records per hour, lag after each commit, quarantine
-counts and a sample of quarantined records.
+recent history from the Delta log — batches (an upsert's with what their events did: inserted,
+updated, deleted, stale), records per hour, lag after each commit, quarantine counts and a sample
+of quarantined records.
 
 Read-only, and from the same ledger contract as the CLI: the tables' logs and Kafka, no store of
 its own. Only recent history is read (the newest HISTORY_COMMITS commits, never the whole log), so
@@ -21,7 +22,7 @@ from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core.storage import filesystem
 from oncemore.plan.ledger import CommitEntry, Ledger
-from oncemore.report.status import status
+from oncemore.report.status import UPSERT_COUNTS, status
 from oncemore.report.verdict import Discrepancy, last_result
 
 HISTORY_COMMITS = 500
@@ -133,4 +134,5 @@ def _batch(entry: CommitEntry) -> dict[str, Any]:
         "filtered": record.records.get("filtered", 0), "expectations": dict(record.expectations),
         "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
         "reset": record.reset is not None,
+        **{c: record.records[c] for c in UPSERT_COUNTS if c in record.records},  # an upsert's batch
     }

@@ -1,5 +1,7 @@
 """Reading a pipeline back: per-partition status (positions, log bounds, lag in records and in
-time), and the freshness check of a pipeline's ``alert`` limits."""
+time), an upsert pipeline's recent batches by what their events did (inserted, updated, deleted,
+stale: commit/merge.py's counts, as each commit's record states them), and the freshness check
+of a pipeline's ``alert`` limits."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from oncemore.plan.ledger import Ledger
 
 # Commits of recent history searched for each partition's last commit.
 STATUS_HISTORY = 50
+# An upsert pipeline's batches shown, newest first, and what of their events.
+UPSERT_BATCHES = 10
+UPSERT_COUNTS = ("inserted", "updated", "deleted", "stale")
 
 
 class FreshnessAlert(OncemoreError):
@@ -65,10 +70,21 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
             "last_commit": format_timestamp_ms(last_commit[p].timestamp_ms) if p in last_commit else None,
             "last_commit_version": last_commit[p].version if p in last_commit else None,
         })
-    return {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
+    data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
             "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics))}
+    if pipeline.upsert is not None:
+        data["upsert"] = {"keys": list(pipeline.upsert.keys), "sequence_by": pipeline.upsert.sequence_by,
+                          "batches": [upsert_counts(e) for e in recent if e.record.reset is None
+                                      and e.record.deletion is None][:UPSERT_BATCHES]}
+    return data
+
+
+def upsert_counts(entry: CommitEntry) -> dict[str, Any]:
+    """An upsert batch's commit: which, when, and what its events did (UPSERT_COUNTS)."""
+    return {"version": entry.version, "time": format_timestamp_ms(entry.timestamp_ms), "batch_seq": entry.record.batch_seq,
+            **{c: entry.record.records.get(c, 0) for c in UPSERT_COUNTS}}
 
 
 def _gone(pipeline: Pipeline, admin, main: Ledger, table, recent: Sequence[CommitEntry],
@@ -115,4 +131,10 @@ def format_status(data: dict[str, Any]) -> str:
     for topic, gone in data["gone"].items():
         lines.append(f"topic {topic} is gone ({gone['why']}): nothing more is read from it; positions kept at "
                      f"{json.dumps(gone['positions'])}")
+    if "upsert" in data:
+        lines.append(f"recent batches (upserts by {', '.join(data['upsert']['keys'])}):")
+        header = ("version", "time", "batch_seq", *UPSERT_COUNTS)
+        widths = {h: 27 if h == "time" else 12 for h in header}
+        lines.append("  ".join(f"{h:>{widths[h]}}" for h in header))
+        lines += ["  ".join(f"{str(batch[h]):>{widths[h]}}" for h in header) for batch in data["upsert"]["batches"]]
     return "\n".join(lines)

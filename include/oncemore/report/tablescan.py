@@ -1,27 +1,35 @@
-"""A Spark Python Data Source over the Kafka coordinates of a pipeline's tables, for ``oncemore
-verify``: each row of the listed Parquet files as (quarantine, topic, partition, offset, segment),
-where ``segment`` is the piece of committed history the offset falls in (``Coverage``).
+"""Spark Python Data Sources over the files of a pipeline's tables, for ``oncemore verify``:
+``oncemore_coordinates`` gives each row of the listed Parquet files as (quarantine, topic,
+partition, offset, segment), where ``segment`` is the piece of committed history the offset falls
+in (``Coverage``); ``oncemore_table_rows`` gives the rows themselves, the columns of a schema
+(an upsert table's keys, or its whole rows for ``verify --replay``).
 
-Only the ``_kafka_topic``, ``_kafka_partition`` and ``_kafka_offset`` columns are read, file by file
-and row group by row group, through the same pyarrow filesystems the writers use (local, S3).
-The files are what the tables' snapshots list (delta-rs on the driver), so compaction and vacuum
-change which files are read, never which rows.
+Only the columns asked for are read, file by file and row group by row group, through the same
+pyarrow filesystems the writers use (local, S3); a column a file lacks (added to the table after
+it) is NULL. The files are what the tables' snapshots list (delta-rs on the driver), so
+compaction and vacuum change which files are read, never which rows.
 
 Options: ``files`` (per Spark task, a list of [quarantine, table root, path, partition values,
-deleted rows]: a ``_kafka_*`` column the table is partitioned by is in the path, not the file; the
-positions of the rows a deletion vector deletes are skipped), ``coverage``
-(Coverage as JSON), ``storage.<KEY>`` the storage settings (one option each, so Spark redacts).
+deleted rows]: a column the table is partitioned by is in the path, not the file; the positions
+of the rows a deletion vector deletes are skipped), ``coverage`` (Coverage as JSON; the
+coordinates), ``schema`` (the columns as an Arrow schema in text, core/columns.py; the rows),
+``storage.<KEY>`` the storage settings (one option each, so Spark redacts).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 NAME = "oncemore_coordinates"
+ROWS_NAME = "oncemore_table_rows"
 SCHEMA = "quarantine BOOLEAN, topic STRING, partition INT, offset BIGINT, segment BIGINT"
 
 # What a row's segment is when it is no piece of committed history.
@@ -70,7 +78,7 @@ class Coverage:
         return segments
 
 
-class CoordinatesPartition(InputPartition):
+class FilesPartition(InputPartition):
     def __init__(self, files: list[tuple[bool, str, str, dict, list[int]]]):
         super().__init__(files)
         self.files = files
@@ -88,44 +96,113 @@ class CoordinatesDataSource(DataSource):
         return CoordinatesReader(self.options)
 
 
-class CoordinatesReader(DataSourceReader):
+class _FilesReader(DataSourceReader):
     def __init__(self, options):
         self.tasks = json.loads(options["files"])
-        self.coverage_json = options["coverage"]
         self.storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
 
-    def partitions(self) -> list[CoordinatesPartition]:
-        return [CoordinatesPartition([tuple(f) for f in files]) for files in self.tasks]
+    def partitions(self) -> list[FilesPartition]:
+        return [FilesPartition([tuple(f) for f in files]) for files in self.tasks]
 
-    def read(self, task: CoordinatesPartition | None) -> Iterator:
-        if task is None:
-            return
+    def tables(self, task: FilesPartition, schema) -> Iterator:
+        """The rows of the task's files, ``schema``'s columns in its types: (quarantine, a table) per
+        batch read."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
         from oncemore.core.storage import filesystem
 
-        coverage = Coverage.from_json(self.coverage_json)
-        types = {TOPIC_COLUMN: pa.string(), PARTITION_COLUMN: pa.int32(), OFFSET_COLUMN: pa.int64()}
         for quarantine, root, path, partition_values, deleted in task.files:
             fs, base = filesystem(root, self.storage)
-            in_file = [c for c in types if c not in partition_values]
             deleted, first = np.asarray(deleted, dtype=np.int64), 0
             with fs.open_input_file(f"{base}/{path}") as handle:
-                for batch in pq.ParquetFile(handle).iter_batches(columns=in_file, batch_size=1 << 17):
-                    # Other writers' files may hold other encodings (delta-rs writes string_view).
-                    table = pa.table({c: batch.column(c).cast(types[c]) for c in in_file})
+                parquet = pq.ParquetFile(handle)
+                stored = set(parquet.schema_arrow.names)
+                in_file = [f.name for f in schema if f.name not in partition_values and f.name in stored]
+                for batch in parquet.iter_batches(columns=in_file, batch_size=1 << 17):
                     if deleted.size:  # rows a deletion vector deletes, by their position in the file
-                        keep = np.ones(table.num_rows, dtype=bool)
-                        keep[deleted[(deleted >= first) & (deleted < first + table.num_rows)] - first] = False
-                        first += table.num_rows
-                        table = table.filter(pa.array(keep))
-                    for column, text in partition_values.items():
-                        if column in types:
-                            table = table.append_column(column, pa.array([text] * len(table)).cast(types[column]))
-                    yield from _placed(table, quarantine, coverage)
+                        keep = np.ones(batch.num_rows, dtype=bool)
+                        keep[deleted[(deleted >= first) & (deleted < first + batch.num_rows)] - first] = False
+                        first += batch.num_rows
+                        batch = batch.filter(pa.array(keep))
+                    # Other writers' files may hold other encodings (delta-rs writes string_view).
+                    yield quarantine, pa.table([
+                        batch.column(f.name).cast(f.type) if f.name in in_file
+                        else pa.array([partition_values[f.name]] * batch.num_rows, pa.string()).cast(f.type)
+                        if f.name in partition_values else pa.nulls(batch.num_rows, f.type)
+                        for f in schema], schema=schema)
+
+
+class CoordinatesReader(_FilesReader):
+    def __init__(self, options):
+        super().__init__(options)
+        self.coverage_json = options["coverage"]
+
+    def read(self, task: FilesPartition | None) -> Iterator:
+        if task is None:
+            return
+        import pyarrow as pa
+
+        from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
+
+        coverage = Coverage.from_json(self.coverage_json)
+        schema = pa.schema([(TOPIC_COLUMN, pa.string()), (PARTITION_COLUMN, pa.int32()), (OFFSET_COLUMN, pa.int64())])
+        for quarantine, table in self.tables(task, schema):
+            yield from _placed(table, quarantine, coverage)
+
+
+class RowsDataSource(DataSource):
+    """The rows of the listed files, in the columns of option ``schema``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return ROWS_NAME
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(_nullable(self.options["schema"]))
+
+    def reader(self, schema) -> "RowsReader":
+        return RowsReader(self.options)
+
+
+class RowsReader(_FilesReader):
+    def __init__(self, options):
+        super().__init__(options)
+        self.schema_text = options["schema"]
+
+    def read(self, task: FilesPartition | None) -> Iterator:
+        if task is None:
+            return
+        schema = _nullable(self.schema_text)
+        for _, table in self.tables(task, schema):
+            yield from table.to_batches()
+
+
+def _nullable(text: str):
+    """The Arrow schema in ``text``, every field nullable (as Spark reads a data source's rows)."""
+    import pyarrow as pa
+
+    from oncemore.core.columns import schema_from_text
+
+    return pa.schema([f.with_nullable(True) for f in schema_from_text(text)])
+
+
+def table_rows(spark, files, schema, storage_options) -> "DataFrame":
+    """A DataFrame of the rows of ``files`` (history.File, of one table) in ``schema``'s columns
+    (an Arrow schema): the rows a snapshot holds."""
+    from oncemore.core.columns import schema_text
+    from oncemore.report.history import scan_tasks
+    from oncemore.run.session import register_source, slots
+
+    register_source(spark, RowsDataSource)
+    reader = (spark.read.format(ROWS_NAME).option("files", json.dumps(scan_tasks(files, slots(spark))))
+              .option("schema", schema_text(schema)))
+    for key, value in (storage_options or {}).items():
+        reader = reader.option(f"storage.{key}", value)
+    return reader.load()
 
 
 def _placed(table, quarantine: bool, coverage: Coverage) -> Iterator:

@@ -24,7 +24,7 @@ RESULT_PATH = "_oncemore/verify.json"
 
 @dataclass(frozen=True)
 class Discrepancy:
-    kind: str  # history | position | outside | duplicate | count
+    kind: str  # history | position | outside | duplicate | count; an upsert table's: key | replay
     topic: str
     partition: int
     start: int
@@ -50,6 +50,11 @@ class VerifyReport:
     filtered: int = 0  # of which the records say a transform filtered
     discrepancies: list[Discrepancy] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # discrepancies per kind (more than listed)
+    # An upsert table's: the audited commits' events by what they did (commit/merge.py's counts),
+    # and with a replay, the records it read, its keys by how they compare (same, different,
+    # missing, extra, deleted_since, unreplayed) and the records compaction removed since.
+    events: dict[str, int] | None = None
+    replayed: dict[str, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,10 +76,17 @@ class VerifyReport:
                  f"  rows: {self.rows.get('main', 0)} in the table, {self.rows.get('quarantine', 0)} quarantined, "
                  f"{self.rows.get('pending', 0)} quarantined for a batch still to commit, "
                  f"{self.rows.get('before', 0)} before the pipeline's kept history, "
-                 f"{self.rows.get('deleted', 0)} deleted since by oncemore delete",
-                 f"  offsets of committed ranges without a row: {self.offsets_without_row} "
-                 f"({self.filtered} filtered by the transform, the rest transaction markers, aborted records or "
-                 "records compaction removed)"]
+                 f"{self.rows.get('deleted', 0)} deleted since by oncemore delete"]
+        if self.events is None:
+            lines.append(f"  offsets of committed ranges without a row: {self.offsets_without_row} "
+                         f"({self.filtered} filtered by the transform, the rest transaction markers, aborted records "
+                         "or records compaction removed)")
+        else:
+            lines.append("  events: " + ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in self.events.items())
+                         + f"; offsets of committed ranges without a record: {self.offsets_without_row} (transaction "
+                           "markers, aborted records or records compaction removed)")
+        if self.replayed is not None:
+            lines.append("  replay: " + ", ".join(f"{n} {what}" for what, n in self.replayed.items()))
         for kind, count in sorted(self.counts.items()):
             lines.append(f"  {count} {kind} discrepanc{'y' if count == 1 else 'ies'}:")
             lines += [f"    {d.line()}" for d in self.discrepancies if d.kind == kind]

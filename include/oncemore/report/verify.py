@@ -18,49 +18,47 @@ For the pipeline's commits in the main table's log (every one whose commit file 
    named by the partition and offsets Kafka still holds and neither table does, and by the
    commits that removed rows without an oncemore record (another writer's DELETE, MERGE, ...).
 
-Invariants: it reads the ``_kafka_*`` columns of the files the snapshots list, on Spark
-(tablescan.py), so compaction and vacuum (files rewritten, rows and positions unchanged) never
-change its verdict, and it writes nothing. The main table's snapshot is read first: a batch
-committing meanwhile adds quarantine rows past the main position (pending), never main rows.
+An upsert table holds one row per key, not a row per record: item 3 is upserts.py's instead (no key
+on two rows; each commit's record accounts for every record of its ranges), and ``replay`` reads
+the committed ranges again from Kafka and compares the table with them key by key (replay.py).
+
+Invariants: it reads the ``_kafka_*`` columns of the files the snapshots list (an upsert table's
+key columns too, and for a replay its rows), on Spark (tablescan.py), so compaction and vacuum
+(files rewritten, rows and positions unchanged) never change its verdict, and it writes nothing
+(a replay's tasks hand their counts back through a staging directory, removed at the end). The
+main table's snapshot is read first: a batch committing meanwhile adds quarantine rows past the
+main position (pending), never main rows.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from oncemore.config.model import Pipeline
+from oncemore.config.values import ConfigError
 from oncemore.core.coordinates import KafkaPartition, flat
 from oncemore.core.errors import OncemoreError
 from oncemore.plan.commitinfo import CommitEntry
 from oncemore.plan.ledger import Ledger
+from oncemore.report.history import Piece, Removals, coverage, deleted_spans, scan_tasks, snapshot_files
 from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
 from oncemore.run.session import register_source, slots
 
 if TYPE_CHECKING:  # tablescan imports PySpark: the oncemore page reads results without it
     from oncemore.report.tablescan import Coverage
 
-TASK_BYTES = 128 << 20  # Parquet bytes per Spark task
-
 
 class NothingToVerify(OncemoreError):
     pass
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """A stretch of one partition's offsets that the same commits cover."""
-
-    partition: KafkaPartition
-    start: int
-    end: int
-    versions: tuple[int, ...]
-
-
-def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> VerifyReport:
-    """Audits ``pipeline``'s tables (module docstring); ``spark_factory()`` gives the session."""
+def verify(pipeline: Pipeline, spark_factory, since: int | None = None, replay: bool = False) -> VerifyReport:
+    """Audits ``pipeline``'s tables (module docstring); ``spark_factory()`` gives the session.
+    ``replay`` (an upsert table's): also compares the table with its committed ranges read again."""
+    if replay and pipeline.upsert is None:
+        raise ConfigError(pipeline.origin, "upsert", "verify --replay compares an upsert table with its change "
+                                                     "events; this pipeline appends (verify without --replay audits it)")
     options = pipeline.sink.storage_options
     main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
     table = main.snapshot()
@@ -84,40 +82,26 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None) -> Verif
                                    f"the snapshot holds position {held[p]}, the last commit left {position}"))
 
     topics = {p.topic for e in history for p in e.record.partition_ranges()} | set(pipeline.source.topic_names or ())
-    pieces, coverage = _coverage(history, held, whole_log, topics)
-    files = _files(False, table, pipeline.sink.table_uri)
-    removals = _Removals({"main": _deleted(history), "quarantine": {}}, {"main": main.rows_removed_outside(table),
-                                                                         "quarantine": []})
+    pieces, covered = coverage(history, held, whole_log, topics)
+    replaying = None
+    if replay:
+        from oncemore.report.replay import replayable
+
+        replaying = replayable(pipeline, pieces)  # before a file is read: the ranges must all be in Kafka still
+    files = snapshot_files(False, table, pipeline.sink.table_uri)
+    removals = Removals({"main": deleted_spans(history), "quarantine": {}},
+                        {"main": main.rows_removed_outside(table), "quarantine": []})
     if quarantine_table is not None:
-        files += _files(True, quarantine_table, pipeline.sink.quarantine_uri)
-        removals.deleted["quarantine"] = _deleted(quarantine.recent_batches(None, quarantine_table))
+        files += snapshot_files(True, quarantine_table, pipeline.sink.quarantine_uri)
+        removals.deleted["quarantine"] = deleted_spans(quarantine.recent_batches(None, quarantine_table))
         removals.outside["quarantine"] = quarantine.rows_removed_outside(quarantine_table)
-    if files:
-        _audit_rows(spark_factory(), files, coverage, pieces, audited, pipeline, removals, report)
+    per_piece = _audit_rows(spark_factory(), files, covered, pieces, audited, pipeline, removals, report) if files else {}
+    if pipeline.upsert is not None:
+        from oncemore.report.upserts import audit_upserts
+
+        audit_upserts(pipeline, spark_factory, table, [f for f in files if not f[0]], covered, pieces, per_piece,
+                      audited, removals, report, replaying)
     return report
-
-
-@dataclass(frozen=True)
-class _Removals:
-    """Rows that left the tables after their batches, by table (main, quarantine): the offsets
-    ``oncemore delete`` recorded removing, and the commits that removed rows without a record."""
-
-    deleted: dict[str, dict[KafkaPartition, list[tuple[int, int]]]]
-    outside: dict[str, list[tuple[int, str]]]  # (version, operation)
-
-    def within(self, what: str, p: KafkaPartition, start: int, end: int) -> int:
-        """How many offsets of [start, end) of ``p`` a recorded deletion removed from table ``what``."""
-        return sum(max(0, min(e, end) - max(s, start)) for s, e in self.deleted[what].get(p, []))
-
-
-def _deleted(entries: list[CommitEntry]) -> dict[KafkaPartition, list[tuple[int, int]]]:
-    """The offsets the deletions among ``entries`` recorded removing, per partition."""
-    spans: dict[KafkaPartition, list[tuple[int, int]]] = {}
-    for entry in entries:
-        if entry.record.deletion is not None:
-            for p, runs in entry.record.deletion.spans().items():
-                spans.setdefault(p, []).extend(runs)
-    return spans
 
 
 def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartition, tuple[int | None, int]]:
@@ -151,82 +135,17 @@ def _walk(history: list[CommitEntry], report: VerifyReport) -> dict[KafkaPartiti
     return left
 
 
-def _coverage(history: list[CommitEntry], held, whole_log: bool, topics: set[str]) -> tuple[dict[int, _Piece], Coverage]:
-    """The ranges of every kept commit cut into pieces each covered by the same commits (all of
-    them: a range rewound by a reset overlaps older ones, audited or not), numbered; what the
-    table scan needs to place each row in one."""
-    from oncemore.report.tablescan import OUTSIDE, Coverage
-
-    ranges: dict[KafkaPartition, list[tuple[int, int, int]]] = {}
-    placed: dict[KafkaPartition, int] = {}  # where a reset first placed a partition this pipeline had not read
-    for entry in history:
-        if entry.record.reset is not None:
-            for p, to in flat(entry.record.reset.to_positions).items():
-                if p not in ranges and p not in placed and to is not None:
-                    placed[p] = to
-        for p, (start, end) in entry.record.partition_ranges().items():
-            if start < end:
-                ranges.setdefault(p, []).append((start, end, entry.version))
-    pieces: dict[int, _Piece] = {}
-    partitions = {}
-    for p in set(ranges) | set(held):
-        spans = ranges.get(p, [])
-        bounds = sorted({b for start, end, _ in spans for b in (start, end)})
-        covering: list[list[int]] = [[] for _ in bounds[1:]]
-        for start, end, version in spans:
-            for k in range(bisect.bisect_left(bounds, start), bisect.bisect_left(bounds, end)):
-                covering[k].append(version)
-        segments = []
-        for k, versions in enumerate(covering):
-            if versions:
-                segments.append(len(pieces))
-                pieces[len(pieces)] = _Piece(p, bounds[k], bounds[k + 1], tuple(versions))
-            else:
-                segments.append(OUTSIDE)
-        # Below the first kept range, rows of commits the log no longer keeps (unless it keeps them
-        # all); below where a reset first placed the partition (a take-over, a start on a table that
-        # held rows), rows that were never this pipeline's to account for.
-        start = placed.get(p) if whole_log else min((s for s, _, _ in spans), default=held.get(p))
-        partitions[str(p)] = {"bounds": bounds, "segments": segments, "start": start, "position": held.get(p)}
-    return pieces, Coverage(partitions, tuple(sorted(topics)), whole_log)
-
-
-def _files(quarantine: bool, table, table_uri: str) -> list[tuple[bool, str, str, dict, list[int], int]]:
-    """The snapshot's files as (quarantine, table root, path, its ``_kafka_*`` partition values as
-    text, the positions of its rows a deletion vector deletes, size)."""
-    from urllib.parse import unquote
-
-    import pyarrow as pa
-
-    # Rows deleted by another engine's deletion vectors (delta-spark's DELETE, with the feature on)
-    # are gone from the table though their files stay: they are skipped by position, never read.
-    vectors = pa.table(table.deletion_vectors()).to_pydict()
-    deleted = {unquote(uri): [i for i, keep in enumerate(mask) if not keep]
-               for uri, mask in zip(vectors.get("filepath", []), vectors.get("selection_vector", []))}
-    actions = pa.table(table.get_add_actions(flatten=False)).to_pydict()
-    values = actions.get("partition") or [None] * len(actions["path"])
-    found = [(quarantine, table_uri, path,
-              {k: None if v is None else str(v) for k, v in (parts or {}).items() if k.startswith("_kafka_")},
-              [], size)
-             for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
-    for uri, rows in deleted.items():
-        matching = [f for f in found if uri.endswith("/" + unquote(f[2]).lstrip("/"))]
-        if len(matching) != 1:
-            raise OncemoreError(f"{table_uri}: a deletion vector of {uri} matches {len(matching)} of the snapshot's "
-                                "files: verify cannot tell which rows are deleted")
-        matching[0][4].extend(rows)
-    return found
-
-
-def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], audited: list[CommitEntry],
-                pipeline: Pipeline, removals: _Removals, report: VerifyReport) -> None:
+def _audit_rows(spark, files, covered: Coverage, pieces: dict[int, Piece], audited: list[CommitEntry],
+                pipeline: Pipeline, removals: Removals, report: VerifyReport) -> dict:
+    """Item 2 over the scanned coordinates, and an append's item 3; the rows per piece (by segment:
+    main, rows, offsets, most)."""
     from pyspark.sql import functions as F
 
     from oncemore.report.tablescan import BEFORE, FOREIGN, OUTSIDE, PENDING, CoordinatesDataSource
 
     register_source(spark, CoordinatesDataSource)
-    tasks = _tasks(files, slots(spark))
-    reader = spark.read.format(CoordinatesDataSource.name()).option("files", json.dumps(tasks)).option("coverage", coverage.to_json())
+    tasks = scan_tasks(files, slots(spark))
+    reader = spark.read.format(CoordinatesDataSource.name()).option("files", json.dumps(tasks)).option("coverage", covered.to_json())
     for key, value in (pipeline.sink.storage_options or {}).items():
         reader = reader.option(f"storage.{key}", value)
     rows = reader.load()
@@ -265,11 +184,13 @@ def _audit_rows(spark, files, coverage: Coverage, pieces: dict[int, _Piece], aud
         """The offsets the tables hold in ``segments``."""
         return {r["offset"] for r in per_offset.filter(F.col("segment").isin(segments)).select("offset").collect()}
 
-    _check_counts(audited, pieces, per_piece, removals, report,
-                  lambda entry, mine: _missing(pipeline, entry, pieces, mine, in_tables))
+    if pipeline.upsert is None:
+        _check_counts(audited, pieces, per_piece, removals, report,
+                      lambda entry, mine: _missing(pipeline, entry, pieces, mine, in_tables))
+    return per_piece
 
 
-def _check_counts(audited: list[CommitEntry], pieces: dict[int, _Piece], per_piece, removals: _Removals,
+def _check_counts(audited: list[CommitEntry], pieces: dict[int, Piece], per_piece, removals: Removals,
                   report: VerifyReport, missing: Callable[[CommitEntry, list[int]], dict[KafkaPartition, list[int] | None]]
                   ) -> None:
     """Per commit whose offsets no other commit covers: rows in each table as its record says, but
@@ -337,7 +258,7 @@ def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, d
                        f"{said} ({why}; main + quarantine rows per partition: {per_partition})")
 
 
-def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, _Piece], mine: list[int],
+def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, Piece], mine: list[int],
              in_tables: Callable[[list[int]], set[int]]) -> dict[KafkaPartition, list[int] | None]:
     """Per partition of a commit, the offsets of its range that hold a record in Kafka (read as a
     run reads them) and are in neither table; None where Kafka no longer holds the range or cannot
@@ -366,16 +287,3 @@ def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, _Piece], 
             continue
         found[p] = sorted(held - in_tables([s for s in mine if pieces[s].partition == p]))
     return found
-
-
-def _tasks(files, slots: int) -> list[list[tuple[bool, str, str, dict, list[int]]]]:
-    """The files in about as many tasks as slots, or TASK_BYTES each, whichever is more, by size."""
-    total = sum(f[5] for f in files)
-    count = min(len(files), max(slots, -(-total // TASK_BYTES)))
-    tasks: list[list] = [[] for _ in range(count)]
-    load = [0] * count
-    for quarantine, root, path, values, deleted, size in sorted(files, key=lambda f: -f[5]):
-        lightest = load.index(min(load))
-        tasks[lightest].append((quarantine, root, path, values, deleted))
-        load[lightest] += size
-    return [t for t in tasks if t]

@@ -1,0 +1,315 @@
+"""``oncemore verify --replay`` of an upsert table: its committed ranges read again from Kafka through
+Spark as a run reads them (the records source, shape/changes.py's change rows), folded to the last
+event per key in the pipeline's order, and compared with the table key by key (every column the
+replay has: the row's, the sequence and the coordinates).
+
+Order: with ``sequence_by``, the greatest (sequence, topic, partition, offset); without, the
+commit that applied the event (the last one covering its offset, after a rewinding reset), then
+its coordinates: the MERGE's order, where an event of a later part is newer. A delete removes its
+key, and so does a tombstone without ``sequence_by``; with it a tombstone is a compaction marker,
+ignored. Records that cannot be applied (quarantined) are ignored.
+
+Each key is then ``same``; ``different`` (the columns that differ named); ``missing`` (the replay
+has a row, the table none); ``extra`` (the table has a row the replay deletes, or one of a key no
+replayed event has); ``deleted_since`` (a row ``oncemore delete`` recorded removing); or
+``unreplayed`` (a row of a commit the log no longer keeps, or in no committed range, which
+verify.py names, that no replayed event touches). The first three are discrepancies.
+
+Invariants: every committed range is read whole, or the replay fails naming it
+(ReplayImpossible): Kafka's log no longer holds it (asked before anything is read), or a record
+could not be decoded by the reader schema. A compacted topic's cleaner may have removed records of
+a range since a run read them: its commits may account for more records than the replay reads. The replay writes no table file (its quarantine floors
+lie past every range); its tasks' counts come back through a staging directory of the quarantine
+table's, removed at the end. Under ``sequence_by``, a delete that maintenance forgot (older than
+``tombstone_retention_hours``) no longer holds against a late event: the table may then hold a
+key the replay deletes, named as extra.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from functools import reduce
+
+import pyarrow as pa
+from confluent_kafka import KafkaException
+
+from oncemore.commit.inputs import RangeResult
+from oncemore.config.model import Pipeline
+from oncemore.core.columns import (
+    CHANGE_COLUMN,
+    INVALID_COLUMN,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    SEQUENCE_COLUMN,
+    TOPIC_COLUMN,
+)
+from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.errors import OncemoreError
+from oncemore.report.history import File, Piece, Removals, versions_at
+from oncemore.report.tablescan import Coverage, table_rows
+from oncemore.report.upserts import key_text
+from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
+from oncemore.run.session import register_source, slots
+from oncemore.run.staging import Staging
+
+RECORDS_PER_TASK = 1_000_000  # offsets a replay task reads, at least one task per slot
+BEYOND = 1 << 62  # a byte budget and a quarantine floor no range reaches
+STATUSES = ("same", "different", "missing", "extra", "deleted_since", "unreplayed")
+FAULTS = ("different", "missing", "extra")
+COORDINATES = (TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN)
+
+
+class ReplayImpossible(OncemoreError):
+    """A committed range cannot be read again whole: Kafka no longer holds it, or cannot say."""
+
+
+@dataclass(frozen=True)
+class Replayable:
+    """What Kafka said before a replay: every committed range is in its log; ``compacted``, the
+    topics whose cleaner may have removed records of them since they were read."""
+
+    compacted: frozenset[str]
+
+
+def replayable(pipeline: Pipeline, pieces: dict[int, Piece]) -> Replayable:
+    """Raises ReplayImpossible naming the first committed range Kafka's log no longer holds."""
+    from oncemore.kafka import clients
+
+    where = f"pipeline {pipeline.name}: verify --replay"
+    partitions = {piece.partition for piece in pieces.values()}
+    admin = clients.admin_client(pipeline)
+    try:
+        log = clients.log_bounds(admin, pipeline, partitions)
+        compacted = _compacted(admin, pipeline, {p.topic for p in partitions})
+    except (clients.KafkaSourceError, KafkaException) as exc:
+        raise ReplayImpossible(f"{where}: Kafka cannot say what it holds of the committed ranges ({exc}); verify "
+                               "without --replay audits the tables alone") from None
+    for piece in sorted(pieces.values(), key=lambda x: (x.partition, x.start)):
+        held = log[piece.partition]
+        if piece.start < held.earliest or piece.end > held.latest:
+            raise ReplayImpossible(
+                f"{where}: {piece.partition} offsets [{piece.start}, {piece.end}), committed by version(s) "
+                f"{', '.join(map(str, piece.versions))}, are no longer all in Kafka (its log holds "
+                f"[{held.earliest}, {held.latest})): the table cannot be replayed; verify without --replay audits the "
+                "tables alone", topic=piece.partition.topic, partition=piece.partition.partition, start=piece.start,
+                end=piece.end, log_start=held.earliest, log_end=held.latest, versions=list(piece.versions))
+    return Replayable(compacted)
+
+
+def _compacted(admin, pipeline: Pipeline, topics: set[str]) -> frozenset[str]:
+    """The ``topics`` whose ``cleanup.policy`` compacts."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    if not topics:
+        return frozenset()
+    asked = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in sorted(topics)])
+    return frozenset(resource.name for resource, future in asked.items()
+                     if "compact" in future.result(timeout=pipeline.source.stall_timeout_seconds)["cleanup.policy"].value)
+
+
+def replay_table(spark, pipeline: Pipeline, schema: pa.Schema, keys: list[str], files: list[File], covered: Coverage,
+                 pieces: dict[int, Piece], removals: Removals, report: VerifyReport) -> dict[int, int]:
+    """Compares the table (``files`` of its snapshot, in ``schema``) with its replay (module
+    docstring), the keys that differ added to ``report``; the records Kafka holds per piece."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    staging_id = f"verify-{uuid.uuid4().hex}"
+    staging = Staging(pipeline.sink.quarantine_uri, staging_id, pipeline.sink.storage_options)
+    try:
+        changes = _changes(spark, pipeline, schema, pieces, staging_id)
+        last = _last_events(_placed(changes, covered, pieces, removals), keys, pipeline.upsert.sequence_by is not None)
+        table = _placed(table_rows(spark, files, schema, pipeline.sink.storage_options), covered, pieces, removals)
+        compared = _compared(table, last, schema, keys, changes.columns).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            found = {r["status"]: r["count"] for r in compared.groupBy("status").count().collect()}
+            read = _records_read(staging, pieces, pipeline)
+            report.replayed = {"records": sum(read.values()), **{s: found.get(s, 0) for s in STATUSES},
+                               "compacted": 0}  # upserts.py: records the commits accounted for, gone since
+            for status in FAULTS:
+                if found.get(status):
+                    shown = compared.filter(F.col("status") == status).orderBy(*keys).limit(EXAMPLES).collect()
+                    for row in shown:
+                        report.add(_discrepancy(row, keys, pieces, removals))
+            if any(found.get(s) for s in FAULTS):
+                report.counts["replay"] = sum(found.get(s, 0) for s in FAULTS)
+        finally:
+            compared.unpersist()
+    finally:
+        staging.remove()
+    return read
+
+
+def _changes(spark, pipeline: Pipeline, schema: pa.Schema, pieces: dict[int, Piece], staging_id: str):
+    """The change rows of every piece's records, read by the records source as a run reads them."""
+    from oncemore.decode.resolve import registries, resolve
+    from oncemore.kafka.clients import consumer_config
+    from oncemore.run.kafkasource import KafkaRecordsDataSource
+    from oncemore.run.prepare import task_spec
+    from oncemore.shape.changes import change_rows
+
+    partitions = {piece.partition for piece in pieces.values()}
+    settings = registries(pipeline)
+    spec = task_spec(pipeline, resolve(pipeline, sorted({p.topic for p in partitions})), schema,
+                     dict.fromkeys(partitions, BEYOND), settings)
+    register_source(spark, KafkaRecordsDataSource)
+    reader = (spark.read.format(KafkaRecordsDataSource.name()).option("pipeline", pipeline.name)
+              .option("tasks", json.dumps(_tasks(pieces, slots(spark)))).option("maxBytesPerTask", str(BEYOND))
+              .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
+              .option("spec", spec.to_json()).option("staging", staging_id))
+    for prefix, options in (("kafka.", consumer_config(pipeline)), ("storage.", spec.storage_options),
+                            ("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
+        for key, value in options.items():
+            reader = reader.option(f"{prefix}{key}", value)
+    return change_rows(reader.load(), pipeline.upsert, pipeline.name)
+
+
+def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[list]]:
+    """The pieces as the records source's tasks: about as many as slots, or RECORDS_PER_TASK
+    offsets each, whichever is more, by size; each task's ranges in partition order."""
+    total = sum(p.end - p.start for p in pieces.values())
+    count = min(len(pieces), max(slots, -(-total // RECORDS_PER_TASK)))
+    tasks: list[list[Piece]] = [[] for _ in range(count)]
+    load = [0] * count
+    for piece in sorted(pieces.values(), key=lambda p: p.start - p.end):
+        lightest = load.index(min(load))
+        tasks[lightest].append(piece)
+        load[lightest] += piece.end - piece.start
+    return [[[p.partition.topic, p.partition.partition, p.start, p.end]
+             for p in sorted(task, key=lambda p: (p.partition, p.start))] for task in tasks if task]
+
+
+def _placed(frame, covered: Coverage, pieces: dict[int, Piece], removals: Removals):
+    """``frame`` with, from its coordinates: ``_piece`` (its piece of committed history; negative:
+    none), ``_version`` (the last commit covering it) and ``_deleted`` (a recorded deletion of the
+    main table removed it)."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    coverage, versions = covered.to_json(), [max(pieces[s].versions) for s in range(len(pieces))]
+    spans = {str(p): _merged(runs) for p, runs in removals.deleted["main"].items()}
+
+    def place(batches):
+        import numpy as np
+
+        known, version_of = Coverage.from_json(coverage), np.asarray(versions + [0], dtype=np.int64)
+        for batch in batches:
+            where = pa.table({"t": batch.column(TOPIC_COLUMN), "p": batch.column(PARTITION_COLUMN)})
+            topics, partitions = (where.column(c).to_numpy() for c in ("t", "p"))  # strings as objects
+            offsets = batch.column(OFFSET_COLUMN).to_numpy(zero_copy_only=False).astype(np.int64)
+            piece, deleted = np.full(len(offsets), -1, dtype=np.int64), np.zeros(len(offsets), dtype=bool)
+            for group in where.group_by(["t", "p"]).aggregate([]).to_pylist():
+                topic, partition = group["t"], group["p"]
+                at = np.flatnonzero((topics == topic) & (partitions == partition))
+                piece[at] = known.segments_of(topic, partition, offsets[at], False)
+                runs = np.asarray(spans.get(f"{topic}/{partition}", []), dtype=np.int64).reshape(-1, 2)
+                if len(runs):
+                    inside = np.searchsorted(runs[:, 0], offsets[at], side="right") - 1
+                    deleted[at] = (inside >= 0) & (offsets[at] < runs[np.maximum(inside, 0), 1])
+            version = pa.array(version_of[np.maximum(piece, 0)], mask=piece < 0)
+            yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(piece), version, pa.array(deleted)],
+                                             names=[*batch.schema.names, "_piece", "_version", "_deleted"])
+
+    placed = [StructField("_piece", LongType()), StructField("_version", LongType()), StructField("_deleted", BooleanType())]
+    return frame.mapInArrow(place, StructType([*frame.schema.fields, *placed]))
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[list[int]]:
+    """Spans [start, end) sorted and joined where they touch or overlap."""
+    merged: list[list[int]] = []
+    for start, end in sorted(runs):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _last_events(changes, keys: list[str], sequenced: bool):
+    """Per key its last applicable event in the pipeline's order (module docstring)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    kind = F.col(CHANGE_COLUMN)
+    events = changes.filter(F.col(INVALID_COLUMN).isNull() & kind.isin("upsert", "delete", "tombstone"))
+    if sequenced:
+        events, order = events.filter(kind != "tombstone"), [SEQUENCE_COLUMN, *COORDINATES]
+    else:
+        events, order = events.withColumn(CHANGE_COLUMN, F.when(kind == "tombstone", "delete").otherwise(kind)), \
+            ["_version", *COORDINATES]
+    latest = Window.partitionBy(*keys).orderBy(*[F.col(c).desc() for c in order])
+    return events.withColumn("_rank", F.row_number().over(latest)).filter(F.col("_rank") == 1).drop("_rank")
+
+
+def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[str]):
+    """The table's rows and the replay's last events joined by key, each with its ``status``
+    (module docstring) and ``differing``, the columns whose values differ."""
+    from pyspark.sql import functions as F
+
+    names = {c.lower() for c in replayed}
+    columns = [f.name for f in schema if f.name not in keys and f.name.lower() in names]
+    types = {f.name: f.dataType for f in table.schema.fields}
+    t, r = table.alias("t"), last.alias("r")
+
+    def comparable(column, name):
+        cast = column.cast(types[name])
+        return F.to_json(cast) if "map<" in types[name].simpleString() else cast
+
+    equal = {c: comparable(F.col(f"t.`{c}`"), c).eqNullSafe(comparable(F.col(f"r.`{c}`"), c)) for c in columns}
+    joined = t.join(r, reduce(lambda a, b: a & b, [F.col(f"t.`{k}`") == F.col(f"r.`{k}`") for k in keys]), "full_outer")
+    in_table, in_replay = F.col(f"t.{TOPIC_COLUMN}").isNotNull(), F.col(f"r.{CHANGE_COLUMN}").isNotNull()
+    live = F.coalesce(F.col(f"r.{CHANGE_COLUMN}") == "upsert", F.lit(False))
+    same = reduce(lambda a, b: a & b, equal.values(), F.lit(True))
+    status = (F.when(in_table & live & same, "same").when(in_table & live, "different")
+              .when(in_table & ~in_replay & (F.col("t._piece") < 0), "unreplayed").when(in_table, "extra")
+              .when(live & F.col("r._deleted"), "deleted_since").when(live, "missing").otherwise("gone"))
+    return joined.select(
+        *[F.coalesce(F.col(f"t.`{k}`"), F.col(f"r.`{k}`")).alias(k) for k in keys], status.alias("status"),
+        F.array_compact(F.array(*[F.when(~e, F.lit(c)) for c, e in equal.items()])).alias("differing"),
+        F.col(f"r.{CHANGE_COLUMN}").alias("change"),
+        *[F.col(f"t.{c}").alias(f"t{c}") for c in COORDINATES], *[F.col(f"r.{c}").alias(f"r{c}") for c in COORDINATES])
+
+
+def _records_read(staging: Staging, pieces: dict[int, Piece], pipeline: Pipeline) -> dict[int, int]:
+    """The records Kafka holds per piece, as its task counted them; ReplayImpossible where a
+    piece was not read to its end."""
+    results = {}
+    for text in staging.get("range-"):  # a retried task's attempts read the same records
+        result = RangeResult.from_json(text)
+        results[(result.key, result.start)] = result
+    read = {}
+    for s, piece in pieces.items():
+        result = results.get((piece.partition, piece.start))
+        if result is None or result.reached < piece.end:
+            reached = piece.start if result is None else result.reached
+            why = f": {result.schema_ahead} is ahead of the reader" if result is not None and result.schema_ahead else ""
+            raise ReplayImpossible(
+                f"pipeline {pipeline.name}: verify --replay: {piece.partition} offsets [{reached}, {piece.end}) were not "
+                f"read again{why}; the table cannot be compared with its replay", topic=piece.partition.topic,
+                partition=piece.partition.partition, start=reached, end=piece.end)
+        read[s] = result.records
+    return read
+
+
+def _discrepancy(row, keys: list[str], pieces: dict[int, Piece], removals: Removals) -> Discrepancy:
+    """A key that differs from the replay, placed at the replay's event (the table's row for an extra one)."""
+    at = "t" if row["status"] == "extra" else "r"
+    p = KafkaPartition(row[f"{at}{TOPIC_COLUMN}"], row[f"{at}{PARTITION_COLUMN}"])
+    offset = row[f"{at}{OFFSET_COLUMN}"]
+    key = key_text(row, keys)
+    table_at = f"{row[f't{TOPIC_COLUMN}']}/{row[f't{PARTITION_COLUMN}']} offset {row[f't{OFFSET_COLUMN}']}"
+    if row["status"] == "different":
+        detail = (f"key {key}: the table's row (from {table_at}) differs from the replay's (from this event) in "
+                  f"{', '.join(row['differing'])}")
+    elif row["status"] == "missing":
+        detail = f"key {key}: the replay's row (from this event) is not in the table"
+    else:
+        deletes = (f"the replay deletes the key ({row[f'r{TOPIC_COLUMN}']}/{row[f'r{PARTITION_COLUMN}']} offset "
+                   f"{row[f'r{OFFSET_COLUMN}']})" if row["change"] is not None else "no replayed event has the key")
+        detail = f"key {key}: the table holds a row (from this event) that the replay does not: {deletes}"
+    outside = removals.outside["main"]
+    if outside:
+        detail += "; the table was changed outside oncemore by version(s) " + ", ".join(
+            f"{v} ({operation})" for v, operation in outside)
+    return Discrepancy("replay", p.topic, p.partition, offset, offset + 1, versions_at(pieces, p, offset), detail)

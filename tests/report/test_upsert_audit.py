@@ -1,0 +1,250 @@
+"""An upsert table audited and shown: ``oncemore verify`` checks one row per key, rows inside
+committed ranges and each commit's record accounting for its records; ``--replay`` reads the
+committed ranges again and names a row another tool changed, and refuses by name what Kafka no
+longer holds; ``status`` and the oncemore page show each batch's inserted, updated, deleted and
+stale; ``maintain`` forgets tombstones past their retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+from deltalake import DeltaTable, write_deltalake
+
+from conftest import ROOT, oncemore, oncemore_commits
+from devtools.changefeed import debezium_events, fold, produce, read_back, table_state
+from oncemore.commit.merge import COUNTS
+from oncemore.config.values import ConfigError
+from oncemore.core.columns import tombstones_schema
+from oncemore.report.history import Piece
+from oncemore.report.replay import Replayable, ReplayImpossible, replayable
+from oncemore.report.verify import verify
+from oncemore.run.runner import run
+
+pytestmark = pytest.mark.spark
+
+ROW = "id BIGINT, name STRING, balance BIGINT"
+SHOWN = ("inserted", "updated", "deleted", "stale")  # per batch, in status and on the page
+
+
+def debezium(make_pipeline, topic, sequence_by=None, **overrides):
+    upsert = {"keys": ["id"], "envelope": "debezium", **({"sequence_by": sequence_by} if sequence_by else {})}
+    return make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                         format={"type": "json", "schema": ROW}, upsert=upsert, **overrides)
+
+
+def lsn(value):
+    return value["source"]["lsn"]
+
+
+def test_an_untouched_table_verifies_and_replays_and_a_row_changed_by_another_tool_is_named(
+        spark, broker, topic, make_pipeline):
+    events = debezium_events(keys=30, changes=250, seed=5)
+    half = len(events) // 2
+    produce(broker.bootstrap_servers, topic, events[:half], "shuffled", seed=1)
+    broker.produce(topic, [(0, b'{"id": 999}', b"{not json", None)])  # quarantined
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", limits={"max_records_per_commit": 60})
+    run(pipeline, spark_factory=lambda: spark)
+    produce(broker.bootstrap_servers, topic, events[half:], "shuffled", seed=2)
+    run(pipeline, spark_factory=lambda: spark)
+    uri = pipeline.sink.table_uri
+    records = read_back(broker.bootstrap_servers, topic)
+    expected = fold([r for r in records if r[4] != b"{not json"], sequence=lsn)
+    assert table_state(uri).keys() == expected.keys()
+    commits = [r for _, r in oncemore_commits(uri)]
+
+    report = verify(pipeline, lambda: spark, replay=True)
+
+    assert report.ok, report.describe()
+    assert report.rows["main"] == len(expected) and report.rows["quarantine"] == 1
+    assert report.events == {c: sum(r.records[c] for r in commits) for c in COUNTS}
+    assert report.replayed["records"] == len(records) and report.replayed["same"] == len(expected)
+    assert sum(report.replayed[s] for s in ("different", "missing", "extra", "unreplayed")) == 0
+    assert report.offsets_without_row == 0
+    assert "replay: " in report.describe() and "events: " in report.describe()
+
+    assert expected[(3,)]["balance"] != 0
+    DeltaTable(uri).update(updates={"balance": "0"}, predicate="id = 3")  # another writer, outside oncemore
+    assert verify(pipeline, lambda: spark).ok, "from the tables alone, a changed value is invisible"
+
+    changed = verify(pipeline, lambda: spark, replay=True)
+
+    assert not changed.ok and changed.counts == {"replay": 1}, changed.describe()
+    (found,) = changed.discrepancies
+    row = expected[(3,)]
+    assert (found.topic, found.partition, found.start) == (row["_kafka_topic"], row["_kafka_partition"],
+                                                           row["_kafka_offset"])
+    assert found.detail.startswith("key {'id': 3}: the table's row (from ") and " in balance" in found.detail
+    assert f"changed outside oncemore by version(s) {DeltaTable(uri).version()} (UPDATE)" in found.detail
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    said = subprocess.run([sys.executable, "-m", "oncemore.cli", "verify", "--config", pipeline.origin, "--replay",
+                           "--master", "local[1]"], env=env, capture_output=True, text=True, timeout=600)
+    assert said.returncode == 1 and said.stdout.startswith("accounts: FAILED"), said.stderr[-3000:]
+    assert f"replay: {found.topic}/{found.partition} [{found.start}, {found.start + 1})" in said.stdout
+
+
+def test_a_key_on_two_rows_and_a_record_that_does_not_add_up_are_named(spark, broker, topic, make_pipeline):
+    from oncemore.commit.committer import commit
+    from oncemore.core.coordinates import KafkaPartition
+    from oncemore.plan.commitinfo import CommitInfo
+    from oncemore.plan.ledger import Ledger
+
+    events = debezium_events(keys=20, changes=60, seed=3, tombstones=False)
+    produce(broker.bootstrap_servers, topic, events, "key")
+    pipeline = debezium(make_pipeline, topic)
+    run(pipeline, spark_factory=lambda: spark)
+    uri = pipeline.sink.table_uri
+    assert verify(pipeline, lambda: spark, replay=True).ok
+
+    rows = DeltaTable(uri).to_pyarrow_table().sort_by("id")
+    first = rows.slice(0, 1)
+    taken = set(zip(rows["_kafka_partition"].to_pylist(), rows["_kafka_offset"].to_pylist()))
+    free = next((p, o) for _, p, o, _, _ in read_back(broker.bootstrap_servers, topic) if (p, o) not in taken)
+    twin = first.set_column(first.schema.get_field_index("_kafka_partition"), first.schema.field("_kafka_partition"),
+                            pa.array([free[0]], pa.int32()))
+    twin = twin.set_column(twin.schema.get_field_index("_kafka_offset"), twin.schema.field("_kafka_offset"),
+                           pa.array([free[1]], pa.int64()))  # the first row's key again, at a committed offset
+    stray = first.set_column(first.schema.get_field_index("id"), first.schema.field("id"), pa.array([10_000], pa.int64()))
+    stray = stray.set_column(stray.schema.get_field_index("_kafka_offset"), stray.schema.field("_kafka_offset"),
+                             pa.array([10_000], pa.int64()))  # a key of its own, past every committed range
+    write_deltalake(uri, pa.concat_tables([twin, stray]), mode="append")
+
+    produce(broker.bootstrap_servers, topic, debezium_events(keys=12, changes=0, seed=9), "key")
+    ledger = Ledger(uri, pipeline.name)
+    partitions = [KafkaPartition(topic, p) for p in range(3)]
+    held = ledger.positions(partitions)
+    ends = {p: 1 + max(r[2] for r in read_back(broker.bootstrap_servers, topic) if r[1] == p.partition)
+            for p in partitions}
+    grown = max(partitions, key=lambda p: ends[p] - held[p])
+    assert ends[grown] - held[grown] > 1
+    record = CommitInfo(pipeline="accounts", run_id="miscounter",
+                        ranges={topic: {str(grown.partition): [held[grown], ends[grown]]}},
+                        records={"written": 1, "quarantined": 0, "filtered": 0, **dict.fromkeys(COUNTS, 0)})
+    version = commit(ledger, [], {grown: held[grown]}, {grown: ends[grown]}, partitions, record).version
+
+    report = verify(pipeline, lambda: spark)
+
+    assert not report.ok and set(report.counts) == {"key", "count", "outside"}, report.describe()
+    (outside,) = [d for d in report.discrepancies if d.kind == "outside"]
+    assert (outside.partition, outside.start) == (first["_kafka_partition"][0].as_py(), 10_000)
+    (key,) = [d for d in report.discrepancies if d.kind == "key"]
+    assert key.detail.startswith(f"key {{'id': {first['id'][0].as_py()}}} is on 2 rows of the table")
+    (count,) = [d for d in report.discrepancies if d.kind == "count"]
+    assert (count.topic, count.partition, count.start, count.end, count.versions) == (
+        topic, grown.partition, held[grown], ends[grown], (version,))
+    assert count.detail == (f"commit {version} (run miscounter, 1 partition(s)) wrote 1 change row(s), its events add "
+                            "up to 0 (0 inserted, 0 updated, 0 deleted, 0 noop_deletes, 0 stale, 0 superseded, "
+                            "0 tombstones)")
+
+    replayed = verify(pipeline, lambda: spark, replay=True)  # Kafka holds more records than the record says
+    holds = ends[grown] - held[grown]
+    assert any(d.detail.endswith(f"accounts for 1 record(s) (1 written + 0 quarantined + 0 filtered), Kafka holds "
+                                 f"{holds} in its ranges") for d in replayed.discrepancies), replayed.describe()
+    assert replayed.replayed["unreplayed"] == 1, "the stray row: verify names it, the replay has no event of it"
+
+
+def test_a_replay_kafka_can_no_longer_serve_is_refused_by_name_and_an_append_table_has_none(
+        spark, broker, topic, make_pipeline):
+    produce(broker.bootstrap_servers, topic, debezium_events(keys=12, changes=40, seed=4), "key")
+    pipeline = debezium(make_pipeline, topic, limits={"max_records_per_commit": 30})
+    run(pipeline, spark_factory=lambda: spark)
+    (version, record), *_ = oncemore_commits(pipeline.sink.table_uri)
+    p, (start, end) = max(record.partition_ranges().items(), key=lambda item: item[0].partition)
+    assert end - start > 1
+    first = {0: Piece(p, start, start + 1, (version,))}
+    assert replayable(pipeline, first) == Replayable(frozenset())
+    compact = ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)
+    for done in broker.admin().incremental_alter_configs(
+            [ConfigResource("topic", topic, incremental_configs=[compact])]).values():
+        done.result(timeout=30)
+    assert replayable(pipeline, first) == Replayable(frozenset({topic})), "its commits may account for more records"
+    broker.delete_records(topic, {p.partition: start + 1})  # retention passed the first record
+
+    with pytest.raises(ReplayImpossible) as refused:
+        verify(pipeline, lambda: spark, replay=True)
+
+    assert str(refused.value).startswith(
+        f"pipeline accounts: verify --replay: {p} offsets [{start}, {end}), committed by version(s) {version}, are no "
+        f"longer all in Kafka (its log holds [{start + 1}, ")
+    assert refused.value.evidence["log_start"] == start + 1
+    assert verify(pipeline, lambda: spark).ok, "the tables alone still verify"
+
+    appends = make_pipeline(topic, name="orders")
+    with pytest.raises(ConfigError, match="verify --replay compares an upsert table with its change events; this "
+                                          "pipeline appends"):
+        verify(appends, lambda: spark, replay=True)
+    said = oncemore("verify", "--config", appends.origin, "--replay")
+    assert said.returncode == 2 and "upsert: verify --replay compares an upsert table" in said.stderr, said.stderr
+
+
+def test_status_and_the_oncemore_page_show_what_each_batch_did(spark, broker, topic, make_pipeline):
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from oncemore.report.overview import pipeline_overview
+    from oncemore.report.status import format_status, status
+    from oncemore_airflow.ui import templates
+
+    produce(broker.bootstrap_servers, topic, debezium_events(keys=15, changes=90, seed=6), "shuffled", seed=5)
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", limits={"max_records_per_commit": 40})
+    run(pipeline, spark_factory=lambda: spark)
+    newest_first = oncemore_commits(pipeline.sink.table_uri)[::-1]
+    expected = [{"version": v, "batch_seq": r.batch_seq, **{c: r.records[c] for c in SHOWN}} for v, r in newest_first]
+    assert len(expected) > 1 and all(sum(b[c] for b in expected) for c in SHOWN), expected
+
+    data = status(pipeline)
+    shown = [{k: b[k] for k in ("version", "batch_seq", *SHOWN)} for b in data["upsert"]["batches"]]
+    assert shown == expected and data["upsert"]["keys"] == ["id"]
+    said = json.loads(oncemore("status", "--config", pipeline.origin, "--json").stdout)
+    assert said["upsert"]["batches"] == data["upsert"]["batches"]
+    text = format_status(data).splitlines()
+    for batch in expected:
+        (line,) = [t for t in text if t.split() and t.split()[0] == str(batch["version"])]
+        assert line.split()[-4:] == [str(batch[c]) for c in SHOWN], line
+
+    overview = pipeline_overview(pipeline)
+    assert [{k: b[k] for k in ("version", "batch_seq", *SHOWN)} for b in overview["batches"]] == expected
+    page = templates.get_template("index.html").render(
+        pipelines=[{**overview, "error": None, "dag_id": "oncemore_accounts"}], broken_configs={}, seconds=0.1)
+    newest = page.split(f'<tr data-version="{expected[0]["version"]}">')[1].split("</tr>")[0]
+    for c in SHOWN:
+        assert f'<td class="{c}">{expected[0][c]}</td>' in newest, newest
+
+    appends = make_pipeline(topic, name="orders")  # an append pipeline: its status and page as they were
+    assert "upsert" not in status(appends)
+    page = templates.get_template("index.html").render(
+        pipelines=[{**pipeline_overview(appends), "error": None, "dag_id": "oncemore_orders"}], broken_configs={},
+        seconds=0.1)
+    assert "<th>written</th><th>quarantined</th>" in page and "inserted" not in page
+
+
+def test_maintain_forgets_tombstones_past_their_retention_and_maintains_the_table(make_pipeline, topic):
+    from oncemore.ops.maintain import maintain
+
+    upsert = {"keys": ["id"], "envelope": "debezium", "sequence_by": "source.lsn", "tombstone_retention_hours": 24}
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": ROW}, upsert=upsert)
+    now = datetime.now(timezone.utc)
+    rows = pa.table({"id": [1, 2, 3], "_sequence": [Decimal(10), Decimal(20), Decimal(30)], "_kafka_topic": [topic] * 3,
+                     "_kafka_partition": [0, 1, 2], "_kafka_offset": [5, 6, 7], "_kafka_timestamp": [None] * 3,
+                     "_deleted_at": [now - timedelta(hours=25), now - timedelta(hours=23), now]},
+                    schema=tombstones_schema(pa.schema([pa.field("id", pa.int64())])))
+    for row in range(3):  # a file per delete, for compaction to join
+        write_deltalake(pipeline.sink.tombstones_uri, rows.slice(row, 1), mode="append")
+
+    done = maintain(pipeline)
+
+    tombstones = done["tables"]["tombstones"]
+    assert tombstones["status"] == "maintained" and tombstones["tombstones_forgotten"] == 1, done
+    assert tombstones["files_added"] == 1 and tombstones["files_removed"] == 2
+    assert sorted(DeltaTable(pipeline.sink.tombstones_uri).to_pyarrow_table()["id"].to_pylist()) == [2, 3]
+    assert done["tables"]["main"]["status"] == "no table yet"
+    assert maintain(pipeline)["tables"]["tombstones"]["tombstones_forgotten"] == 0
+    without = debezium(make_pipeline, topic)  # no sequence_by: no tombstones table
+    assert set(maintain(without)["tables"]) == {"main", "quarantine"}
