@@ -41,6 +41,7 @@ from oncemore.core.columns import (
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
     TIMESTAMP,
+    TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
 )
 from oncemore.core.coordinates import KafkaPartition
@@ -184,7 +185,8 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     changing = latest.filter(pc.or_(pc.or_(expect["inserted"], expect["updated"]), expect["deleted"]))
     counts_record = replace(record, records={**record.records, **counts})
     if spec.sequenced:
-        kept = latest.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select([*spec.keys, *order])
+        kept = latest.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select(
+            [*spec.keys, *order, TIMESTAMP_COLUMN])
         if kept.num_rows:
             _keep_deletes(tombstones, kept, new_positions, partitions, counts_record)
             crashpoints.reach("tombstones_committed")
@@ -243,7 +245,7 @@ def _keep_deletes(tombstones: Ledger, deletes: pa.Table, new_positions, partitio
     def clauses(merger):
         return merger.when_matched_update_all(predicate=newer).when_not_matched_insert_all()
 
-    keys = [n for n in deletes.column_names if n not in (SEQUENCE_COLUMN, *ORDER)]
+    keys = [n for n in deletes.column_names if n not in (SEQUENCE_COLUMN, *ORDER, TIMESTAMP_COLUMN)]
     merge(tombstones, table, source, _on_keys(tuple(keys)), clauses, current, moves, partitions, record,
           MERGE_MEMORY_BYTES)
 
