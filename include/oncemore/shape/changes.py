@@ -13,7 +13,7 @@ hence quarantined with its reason).
 
 from __future__ import annotations
 
-from oncemore.config.model import Upsert
+from oncemore.config.upsert import Upsert
 from oncemore.core.columns import (
     CHANGE_COLUMN,
     INVALID_COLUMN,
