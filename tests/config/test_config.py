@@ -82,6 +82,12 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
                                                                 "month day-of-week) or one of @hourly, @daily"),
         ("airflow.schedule", "*/5 * *", "airflow.schedule", "is not a 5-field cron"),
         ("name", "Orders!", "name", "lowercase"),
+        ("upsert", {"keys": ["nope"]}, "upsert.keys", "'nope' is not a column of the row"),
+        ("upsert", {"keys": ["amount"]}, "upsert.keys", "has type double; a key column compares exactly"),
+        ("upsert", {"keys": ["id", "ID"]}, "upsert.keys", "names a column twice"),
+        ("upsert", {"keys": ["id"], "envelope": "debezium", "delete_when": "x = 1"}, "upsert.delete_when",
+         "applies to envelope none"),
+        ("upsert", {"keys": ["id"], "envelope": "cdc"}, "upsert.envelope", "'debezium' or 'none'"),
     ],
 )
 def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):
@@ -332,3 +338,18 @@ def test_registry_urls_are_shown_without_their_user_info():
 
     assert redact("registry", {"url": "https://user:pw@registry:8081/x", "basic.auth.user.info": "user:pw"}) == {
         "url": "https://***@registry:8081/x", "basic.auth.user.info": "***"}
+
+
+@pytest.mark.parametrize("change,key,problem", [
+    ({"sink": {"partition_by": ["customer"]}}, "sink.partition_by",
+     "'customer' is not a key column: an upsert table is partitioned by key columns only"),
+    ({"transform": "SELECT * FROM records"}, "upsert", "cannot be combined with a transform or expectations yet"),
+    ({"format": {"type": "string"}}, "upsert", "needs a format with columns (json, avro, protobuf), not string"),
+])
+def test_an_upsert_block_that_does_not_fit_the_pipeline_is_refused_naming_the_key(tmp_path, change, key, problem):
+    doc = with_change("upsert", {"keys": ["id"]})
+    for block, value in change.items():
+        doc[block] = {**doc[block], **value} if block == "sink" else value
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert (error.value.key, problem in error.value.problem) == (key, True), error.value
