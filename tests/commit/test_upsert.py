@@ -267,3 +267,32 @@ def test_a_compacted_topic_lands_the_fold_of_what_the_cleaner_left(spark, broker
     assert all({c: found[k][c] for c in row} == row for k, row in expected.items())
     assert project(found, COLUMNS) == source_state(events)  # compaction keeps each key's last change
     assert accounted(pipeline, gapless=False) == len(first) + len(later)
+
+
+def test_a_column_added_to_the_row_follows_add_columns_and_old_rows_keep_theirs(spark, broker, topic, make_pipeline):
+    upsert = {"keys": ["id"]}
+    broker.produce(topic, [(0, key(1), b'{"id": 1, "name": "a", "balance": 1}', None),
+                           (0, key(2), b'{"id": 2, "name": "b", "balance": 2}', None)])
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": ROW}, upsert=upsert)
+    run(pipeline, spark_factory=lambda: spark)
+    broker.produce(topic, [(0, key(2), b'{"id": 2, "name": "b2", "balance": 3, "tier": "gold"}', None),
+                           (0, key(3), b'{"id": 3, "name": "c", "balance": 4, "tier": "silver"}', None)])
+    wider = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                          format={"type": "json", "schema": ROW + ", tier STRING"}, upsert=upsert)
+    run(wider, spark_factory=lambda: spark)
+    found = table_state(wider.sink.table_uri, ("id",))
+    assert {k[0]: (r["name"], r["tier"]) for k, r in found.items()} == {1: ("a", None), 2: ("b2", "gold"),
+                                                                         3: ("c", "silver")}
+    accounted(wider)
+
+
+def test_a_value_field_named_key_is_a_row_column_when_the_pipeline_reads_no_kafka_key(spark, broker, topic,
+                                                                                        make_pipeline):
+    broker.produce(topic, [(0, None, b'{"key": "k1", "v": 1}', None), (0, None, b'{"key": "k1", "v": 2}', None),
+                           (0, None, b'{"key": "k2", "v": 3}', None)])
+    pipeline = make_pipeline(topic, name="by_value_key", format={"type": "json", "schema": "key STRING, v BIGINT"},
+                             upsert={"keys": ["key"]})
+    run(pipeline, spark_factory=lambda: spark)
+    assert table_state(pipeline.sink.table_uri, ("key",)).keys() == {("k1",), ("k2",)}
+    assert query(pipeline.sink.table_uri, "SELECT key, v FROM {table} ORDER BY key") == [("k1", 2), ("k2", 3)]

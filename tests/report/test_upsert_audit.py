@@ -1,8 +1,10 @@
 """An upsert table audited and shown: ``oncemore verify`` checks one row per key, rows inside
 committed ranges and each commit's record accounting for its records; ``--replay`` reads the
-committed ranges again and names a row another tool changed, and refuses by name what Kafka no
-longer holds; ``status`` and the oncemore page show each batch's inserted, updated, deleted and
-stale; ``maintain`` forgets tombstones past their retention."""
+committed ranges again and names a row another tool changed, holds a late event stale against
+the rows of commits the log no longer keeps and the deletes the tombstones table holds, compares
+a row with the schema its commit wrote, and refuses by name what Kafka no longer holds;
+``status`` and the oncemore page show each batch's inserted, updated, deleted and stale;
+``maintain`` forgets tombstones past their retention."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -19,7 +22,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from deltalake import DeltaTable, write_deltalake
 
 from conftest import ROOT, oncemore, oncemore_commits
-from devtools.changefeed import debezium_events, fold, produce, read_back, table_state
+from devtools.changefeed import ChangeEvent, debezium_events, fold, produce, read_back, table_state
 from oncemore.commit.merge import COUNTS
 from oncemore.config.values import ConfigError
 from oncemore.core.columns import tombstones_schema
@@ -36,12 +39,29 @@ SHOWN = ("inserted", "updated", "deleted", "stale")  # per batch, in status and 
 
 def debezium(make_pipeline, topic, sequence_by=None, **overrides):
     upsert = {"keys": ["id"], "envelope": "debezium", **({"sequence_by": sequence_by} if sequence_by else {})}
-    return make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
-                         format={"type": "json", "schema": ROW}, upsert=upsert, **overrides)
+    settings = {"key": {"type": "json", "schema": "id BIGINT"}, "format": {"type": "json", "schema": ROW},
+                "upsert": upsert, **overrides}
+    return make_pipeline(topic, name="accounts", **settings)
 
 
 def lsn(value):
     return value["source"]["lsn"]
+
+
+def change(id_, op, at, **row):
+    """A Debezium event of key ``id_`` (op c, u or d) at LSN ``at``; ``row``: the after image's values."""
+    image = {"id": id_, "name": "ada", "balance": 0, **row}
+    value = {"before": image if op in ("u", "d") else None, "after": None if op == "d" else image, "op": op,
+             "ts_ms": 1_790_000_000_000 + at, "source": {"connector": "postgresql", "lsn": at}, "transaction": None}
+    return ChangeEvent({"id": id_}, value, at)
+
+
+def forget_commits_up_to(uri, version):
+    """Log cleanup: a checkpoint at ``version``, the commit files up to it removed."""
+    DeltaTable(uri, version=version).create_checkpoint()
+    for log_file in Path(uri, "_delta_log").glob("*.json"):
+        if int(log_file.stem) <= version:
+            log_file.unlink()
 
 
 def test_an_untouched_table_verifies_and_replays_and_a_row_changed_by_another_tool_is_named(
@@ -89,6 +109,89 @@ def test_an_untouched_table_verifies_and_replays_and_a_row_changed_by_another_to
                            "--master", "local[1]"], env=env, capture_output=True, text=True, timeout=600)
     assert said.returncode == 1 and said.stdout.startswith("accounts: FAILED"), said.stderr[-3000:]
     assert f"replay: {found.topic}/{found.partition} [{found.start}, {found.start + 1})" in said.stdout
+
+
+def test_a_late_event_stays_stale_in_the_replay_against_forgotten_commits_and_held_deletes(
+        spark, broker, topic, make_pipeline):
+    produce(broker.bootstrap_servers, topic, [
+        change(1, "c", 100, balance=1), change(1, "u", 200, balance=2),  # the row, by a commit to be forgotten
+        change(2, "c", 110), change(2, "d", 210), ChangeEvent({"id": 2}, None, 210),  # a delete, held
+        change(3, "c", 120, balance=3)], "key")
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    run(pipeline, spark_factory=lambda: spark)
+    uri = pipeline.sink.table_uri
+    forgotten = DeltaTable(uri).version()
+    produce(broker.bootstrap_servers, topic, [
+        change(1, "u", 150, balance=99), change(2, "u", 160, balance=98),  # late: older than the row, the delete
+        change(3, "u", 300, balance=33), change(4, "c", 310, balance=4)], "key")
+    run(pipeline, spark_factory=lambda: spark)
+    assert sum(r.records["stale"] for v, r in oncemore_commits(uri) if v > forgotten) == 2
+    assert {k: r["balance"] for k, r in table_state(uri).items()} == {(1,): 2, (3,): 33, (4,): 4}
+    forget_commits_up_to(uri, forgotten)  # the row of key 1 and the delete of key 2: outside every kept range
+    compact = ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)
+    for done in broker.admin().incremental_alter_configs(
+            [ConfigResource("topic", topic, incremental_configs=[compact])]).values():
+        done.result(timeout=30)  # as Debezium's topics are: every row weighed, its record may be gone
+
+    report = verify(pipeline, lambda: spark, replay=True)
+
+    assert report.ok, report.describe()
+    assert not report.whole_log and report.rows["before"] == 1
+    assert {s: report.replayed[s] for s in ("same", "unreplayed", "different", "missing", "extra")} == {
+        "same": 2, "unreplayed": 1, "different": 0, "missing": 0, "extra": 0}, report.replayed
+
+    # What the tables hold is weighed, not trusted blindly: a row of key 2 written by another tool
+    # (at the late event's coordinates) is older than the held delete; key 3's row, given a newer
+    # sequence in place, is still its event's row (its coordinates).
+    late = next((t, p, o) for t, p, o, _, v in read_back(broker.bootstrap_servers, topic)
+                if v is not None and json.loads(v)["op"] == "u" and json.loads(v)["after"]["id"] == 2)
+    row = {**table_state(uri)[(3,)], "id": 2, "balance": 98, "_sequence": Decimal(160), "_kafka_topic": late[0],
+           "_kafka_partition": late[1], "_kafka_offset": late[2]}
+    write_deltalake(uri, pa.Table.from_pylist([row], schema=pa.schema(DeltaTable(uri).schema().to_arrow())),
+                    mode="append")
+    DeltaTable(uri).update(updates={"_sequence": "1000000"}, predicate="id = 3")
+
+    changed = verify(pipeline, lambda: spark, replay=True)
+
+    assert not changed.ok and changed.counts == {"replay": 2}, changed.describe()
+    extra, different = sorted(changed.discrepancies, key=lambda d: d.detail)
+    assert (extra.topic, extra.partition, extra.start) == late
+    assert extra.detail.startswith("key {'id': 2}: the table holds a row (from this event) that the replay does "
+                                   "not: a newer delete the tombstones table holds deletes the key ("), extra.detail
+    assert different.detail.startswith("key {'id': 3}: the table's row (from ") and \
+        "(from this event) in _sequence;" in different.detail, different.detail
+
+
+def test_a_row_written_before_the_table_gained_a_column_replays_as_its_commit_wrote_it(
+        spark, broker, topic, make_pipeline):
+    then, now = (f"{ROW}, address STRUCT<city: STRING>",
+                 f"{ROW}, address STRUCT<city: STRING, zip: STRING>, tier STRING")
+    address = {"city": "Lyon", "zip": "69001"}  # the source's rows carry more than the table takes at first
+    produce(broker.bootstrap_servers, topic, [change(1, "c", 100, address=address, tier="gold"),
+                                              change(2, "c", 110, address=address, tier="gold")], "key")
+    pipeline = debezium(make_pipeline, topic, format={"type": "json", "schema": then})
+    run(pipeline, spark_factory=lambda: spark)
+    produce(broker.bootstrap_servers, topic, [change(2, "u", 200, address=address, tier="silver"),
+                                              change(3, "c", 210, address=address, tier="gold")], "key")
+    pipeline = debezium(make_pipeline, topic, format={"type": "json", "schema": now})  # columns added
+    run(pipeline, spark_factory=lambda: spark)
+    rows = table_state(pipeline.sink.table_uri)
+    assert (rows[(1,)]["address"], rows[(1,)]["tier"]) == ({"city": "Lyon", "zip": None}, None)
+    assert (rows[(3,)]["address"], rows[(3,)]["tier"]) == (address, "gold")
+
+    report = verify(pipeline, lambda: spark, replay=True)
+
+    assert report.ok, report.describe()
+    assert report.replayed["same"] == 3 and report.replayed["different"] == 0, report.replayed
+
+    DeltaTable(pipeline.sink.table_uri).update(updates={"tier": "'platinum'"}, predicate="id = 1")  # another writer
+
+    changed = verify(pipeline, lambda: spark, replay=True)
+
+    assert not changed.ok and changed.counts == {"replay": 1}, changed.describe()
+    (found,) = changed.discrepancies
+    assert found.detail.startswith("key {'id': 1}: the table's row (from ") and "(from this event) in tier;" in \
+        found.detail, found.detail
 
 
 def test_a_key_on_two_rows_and_a_record_that_does_not_add_up_are_named(spark, broker, topic, make_pipeline):

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from oncemore.commit.committer import CommitOutcome, held, merge
+from oncemore.commit.committer import CommitOutcome, check_owner_at_commit, held, merge
+from oncemore.commit.tablefeatures import check_writable
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -213,28 +214,35 @@ def _main_clauses(merger):
 
 
 def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: list[str]) -> pa.Table:
-    """The table's keys and ``columns``, of the keys in ``latest`` (one key column: pushed down)."""
-    dataset = table.to_pyarrow_dataset()
+    """The table's keys and ``columns`` of the keys in ``latest``, batch by batch (only the matches
+    are kept). Not through a pushed-down filter: pyarrow prunes by the files' statistics, which
+    delta-rs writes truncated for long strings (the filter then fails on every run)."""
     wanted = [*keys, *columns]
-    if len(keys) == 1 and latest.num_rows:
-        import pyarrow.dataset as ds
-
-        return dataset.to_table(columns=wanted, filter=ds.field(keys[0]).isin(latest.column(keys[0]).combine_chunks()))
-    return dataset.to_table(columns=wanted)
+    schema = pa.schema([pa.field(n, latest.schema.field(n).type) for n in wanted])
+    if not latest.num_rows:
+        return schema.empty_table()
+    probe = latest.select(list(keys))
+    found = []
+    for batch in table.to_pyarrow_dataset().to_batches(columns=wanted):
+        if batch.num_rows:
+            rows = pa.Table.from_batches([batch]).select(wanted).cast(schema)
+            found.append(rows.join(probe, list(keys), join_type="inner").select(wanted))
+    return pa.concat_tables(found) if found else schema.empty_table()
 
 
 def _keep_deletes(tombstones: Ledger, deletes: pa.Table, new_positions, partitions, record: CommitInfo) -> None:
     """The deletes MERGEd into the tombstones table (a newer delete replaces an older one of its
-    key) with the positions of their partitions, which only ever move forward there: a partition
-    it holds further already (a crashed run's larger part) is left where it is."""
+    key; one it holds already changes nothing) with the positions of their partitions, which only
+    ever move forward there. Always MERGEd, whatever the positions say: after a reset rewound the
+    main table, or a maintenance forgot them, the tombstones table may hold positions past deletes
+    it does not hold."""
     table = tombstones.snapshot()
     touched = {KafkaPartition(t, p) for t, p in zip(deletes.column(TOPIC_COLUMN).to_pylist(),
                                                     deletes.column(PARTITION_COLUMN).to_pylist())}
     current = tombstones.positions(touched, table)
-    moves = {p: new_positions[p] for p in touched if current[p] is None or current[p] < new_positions[p]}
-    if not moves:
-        return  # a run (this one, before a crash) kept them already
-    held(tombstones, table, current, moves)  # the owner and the table's writability
+    moves = {p: max(new_positions[p], current[p] or 0) for p in touched}
+    check_owner_at_commit(tombstones, table, {p.topic for p in touched})
+    check_writable(table, tombstones.table_uri)
     now = pa.array([int(time.time() * 1_000_000)] * deletes.num_rows, pa.int64()).cast(TIMESTAMP)
     source = deletes.append_column(DELETED_AT_FIELD, now)
     target = pa.schema(table.schema().to_arrow())

@@ -66,7 +66,7 @@ class Upsert(BaseModel):
                 kind = declared.field(names[key.lower()]).type
                 if not key_type_ok(kind):
                     raise key_problem("upsert.keys", f"{key!r} has type {kind}; a key column compares exactly "
-                                                     "(integers, strings, dates, decimals, booleans, binary)")
+                                                     "(integers, strings, dates, timestamps, booleans, binary)")
         outside = [c for c in partition_by if c.lower() not in {k.lower() for k in self.keys}]
         if outside:
             # A row partitioned by a column that can change would move partitions and stay twice.

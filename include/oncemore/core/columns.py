@@ -58,10 +58,12 @@ def key_columns(schema: pa.Schema, keys) -> list[str]:
 
 
 def key_type_ok(kind: pa.DataType) -> bool:
-    """A key column's type compares exactly: no floats (NaN, -0.0), no nested types."""
+    """A key column's type compares exactly wherever keys are matched: no floats (NaN, -0.0), no
+    nested types, and no decimals: delta-rs keeps a decimal's file statistics as a double, and its
+    MERGE prunes files by them, so a key a double cannot hold would be inserted a second time."""
     return (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_date(kind) or pa.types.is_decimal(kind) or pa.types.is_boolean(kind)
-            or pa.types.is_binary(kind) or pa.types.is_timestamp(kind))
+            or pa.types.is_date(kind) or pa.types.is_boolean(kind) or pa.types.is_binary(kind)
+            or pa.types.is_timestamp(kind))
 
 
 # Types a partition column may have: their values read back exactly from a partition directory name.

@@ -9,20 +9,39 @@ its coordinates: the MERGE's order, where an event of a later part is newer. A d
 key, and so does a tombstone without ``sequence_by``; with it a tombstone is a compaction marker,
 ignored. Records that cannot be applied (quarantined) are ignored.
 
+With ``sequence_by`` an event never wins over a newer state the tables hold from outside the
+replayed events, as it did not in the MERGE: the fold is seeded, per key, with (1) the table's row
+where no replayed event has its coordinates (a row of a commit the log no longer keeps, or in no
+committed range, or on a compacted topic one whose record the cleaner removed since), as an upsert
+of its sequence and coordinates, and (2) the tombstones table's deletes that the main table's
+snapshot holds (a delete at or past the main position is a batch's whose main commit is still to
+come), as deletes of theirs. A seed at the coordinates of a replayed event of its key is that
+event and is left out: a row another tool changed in place keeps its coordinates and is compared
+with its event. Without ``sequence_by`` a replayed event is newer than any row of a commit the log
+no longer keeps (an older commit), and a compacted topic's cleaner keeps the last record by
+offset, which is the one applied: nothing is seeded.
+
 Each key is then ``same``; ``different`` (the columns that differ named); ``missing`` (the replay
-has a row, the table none); ``extra`` (the table has a row the replay deletes, or one of a key no
-replayed event has); ``deleted_since`` (a row ``oncemore delete`` recorded removing); or
-``unreplayed`` (a row of a commit the log no longer keeps, or in no committed range, which
-verify.py names, that no replayed event touches). The first three are discrepancies.
+has a row, the table none); ``extra`` (the table has a row the replay deletes, a held delete
+newer than it included, or one of a key no replayed event has); ``deleted_since`` (a row ``oncemore
+delete`` recorded removing); or ``unreplayed`` (the fold's winner is the table's own row, seeded;
+without ``sequence_by``, a row of a commit the log no longer keeps, or in no committed range,
+which verify.py names, that no replayed event touches). The first three are discrepancies. A key
+whose winner is a held delete and that the table does not hold is consistent and counted nowhere.
+
+Schema evolution: a row is compared as its commit could have written it (epochs.py).
 
 Invariants: every committed range is read whole, or the replay fails naming it
 (ReplayImpossible): Kafka's log no longer holds it (asked before anything is read), or a record
 could not be decoded by the reader schema. A compacted topic's cleaner may have removed records of
-a range since a run read them: its commits may account for more records than the replay reads. The replay writes no table file (its quarantine floors
-lie past every range); its tasks' counts come back through a staging directory of the quarantine
-table's, removed at the end. Under ``sequence_by``, a delete that maintenance forgot (older than
-``tombstone_retention_hours``) no longer holds against a late event: the table may then hold a
-key the replay deletes, named as extra.
+a range since a run read them: its commits may account for more records than the replay reads.
+The replay writes no table file (its quarantine floors lie past every range); its tasks' counts
+come back through a staging directory of the quarantine table's, removed at the end. Under
+``sequence_by``, a delete that maintenance forgot (older than ``tombstone_retention_hours``) no
+longer holds against a late event: the table may then hold a key the replay deletes, named as
+extra. A seeded row is taken as the table holds it: a row of a commit the log no longer keeps (or
+whose record a compacted topic's cleaner removed) that another tool changed is beyond the replay,
+as its event is.
 """
 
 from __future__ import annotations
@@ -44,13 +63,16 @@ from oncemore.core.columns import (
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
     TOPIC_COLUMN,
+    key_columns,
 )
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.errors import OncemoreError
-from oncemore.report.history import File, Piece, Removals, versions_at
+from oncemore.plan.ledger import Ledger, open_table
+from oncemore.report.epochs import as_written, schema_epochs
+from oncemore.report.history import File, Piece, Removals, snapshot_files
 from oncemore.report.tablescan import Coverage, table_rows
-from oncemore.report.upserts import key_text
-from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
+from oncemore.report.upserts import replay_discrepancy
+from oncemore.report.verdict import EXAMPLES, VerifyReport
 from oncemore.run.session import register_source, slots
 from oncemore.run.staging import Staging
 
@@ -59,6 +81,7 @@ BEYOND = 1 << 62  # a byte budget and a quarantine floor no range reaches
 STATUSES = ("same", "different", "missing", "extra", "deleted_since", "unreplayed")
 FAULTS = ("different", "missing", "extra")
 COORDINATES = (TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN)
+SEED = "_seed"  # in the fold: NULL for a replayed event, "row" (the table's) or "tombstone" for a seeded state
 
 
 class ReplayImpossible(OncemoreError):
@@ -109,10 +132,12 @@ def _compacted(admin, pipeline: Pipeline, topics: set[str]) -> frozenset[str]:
                      if "compact" in future.result(timeout=pipeline.source.stall_timeout_seconds)["cleanup.policy"].value)
 
 
-def replay_table(spark, pipeline: Pipeline, schema: pa.Schema, keys: list[str], files: list[File], covered: Coverage,
-                 pieces: dict[int, Piece], removals: Removals, report: VerifyReport) -> dict[int, int]:
-    """Compares the table (``files`` of its snapshot, in ``schema``) with its replay (module
-    docstring), the keys that differ added to ``report``; the records Kafka holds per piece."""
+def replay_table(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list[str], files: list[File],
+                 covered: Coverage, pieces: dict[int, Piece], removals: Removals, report: VerifyReport,
+                 compacted: frozenset[str] = frozenset()) -> dict[int, int]:
+    """Compares the table (``files`` of its snapshot ``table``, in ``schema``) with its replay
+    (module docstring; ``compacted``: the topics whose cleaner may have removed records), the
+    keys that differ added to ``report``; the records Kafka holds per piece."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -120,9 +145,13 @@ def replay_table(spark, pipeline: Pipeline, schema: pa.Schema, keys: list[str], 
     staging = Staging(pipeline.sink.quarantine_uri, staging_id, pipeline.sink.storage_options)
     try:
         changes = _changes(spark, pipeline, schema, pieces, staging_id)
-        last = _last_events(_placed(changes, covered, pieces, removals), keys, pipeline.upsert.sequence_by is not None)
-        table = _placed(table_rows(spark, files, schema, pipeline.sink.storage_options), covered, pieces, removals)
-        compared = _compared(table, last, schema, keys, changes.columns).persist(StorageLevel.MEMORY_AND_DISK)
+        sequenced = pipeline.upsert.sequence_by is not None
+        seeds = _seeds(spark, pipeline, table, schema, keys, files, covered, pieces, removals,
+                       compacted) if sequenced else None
+        last = _last_events(_placed(changes, covered, pieces, removals), keys, sequenced, seeds)
+        rows = _placed(table_rows(spark, files, schema, pipeline.sink.storage_options), covered, pieces, removals)
+        compared = _compared(rows, last, schema, keys, changes.columns,
+                             schema_epochs(pipeline, table, schema)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             found = {r["status"]: r["count"] for r in compared.groupBy("status").count().collect()}
             read = _records_read(staging, pieces, pipeline)
@@ -132,7 +161,7 @@ def replay_table(spark, pipeline: Pipeline, schema: pa.Schema, keys: list[str], 
                 if found.get(status):
                     shown = compared.filter(F.col("status") == status).orderBy(*keys).limit(EXAMPLES).collect()
                     for row in shown:
-                        report.add(_discrepancy(row, keys, pieces, removals))
+                        report.add(replay_discrepancy(row, keys, pieces, removals))
             if any(found.get(s) for s in FAULTS):
                 report.counts["replay"] = sum(found.get(s, 0) for s in FAULTS)
         finally:
@@ -163,7 +192,7 @@ def _changes(spark, pipeline: Pipeline, schema: pa.Schema, pieces: dict[int, Pie
                             ("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
         for key, value in options.items():
             reader = reader.option(f"{prefix}{key}", value)
-    return change_rows(reader.load(), pipeline.upsert, pipeline.name)
+    return change_rows(reader.load(), pipeline)
 
 
 def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[list]]:
@@ -183,17 +212,20 @@ def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[list]]:
 
 def _placed(frame, covered: Coverage, pieces: dict[int, Piece], removals: Removals):
     """``frame`` with, from its coordinates: ``_piece`` (its piece of committed history; negative:
-    none), ``_version`` (the last commit covering it) and ``_deleted`` (a recorded deletion of the
-    main table removed it)."""
+    none), ``_version`` and ``_first`` (the last and the first commit covering it) and
+    ``_deleted`` (a recorded deletion of the main table removed it)."""
     from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-    coverage, versions = covered.to_json(), [max(pieces[s].versions) for s in range(len(pieces))]
+    coverage = covered.to_json()
+    versions = [max(pieces[s].versions) for s in range(len(pieces))]
+    firsts = [min(pieces[s].versions) for s in range(len(pieces))]
     spans = {str(p): _merged(runs) for p, runs in removals.deleted["main"].items()}
 
     def place(batches):
         import numpy as np
 
-        known, version_of = Coverage.from_json(coverage), np.asarray(versions + [0], dtype=np.int64)
+        known = Coverage.from_json(coverage)
+        version_of, first_of = (np.asarray(v + [0], dtype=np.int64) for v in (versions, firsts))
         for batch in batches:
             where = pa.table({"t": batch.column(TOPIC_COLUMN), "p": batch.column(PARTITION_COLUMN)})
             topics, partitions = (where.column(c).to_numpy() for c in ("t", "p"))  # strings as objects
@@ -208,10 +240,12 @@ def _placed(frame, covered: Coverage, pieces: dict[int, Piece], removals: Remova
                     inside = np.searchsorted(runs[:, 0], offsets[at], side="right") - 1
                     deleted[at] = (inside >= 0) & (offsets[at] < runs[np.maximum(inside, 0), 1])
             version = pa.array(version_of[np.maximum(piece, 0)], mask=piece < 0)
-            yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(piece), version, pa.array(deleted)],
-                                             names=[*batch.schema.names, "_piece", "_version", "_deleted"])
+            first = pa.array(first_of[np.maximum(piece, 0)], mask=piece < 0)
+            yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(piece), version, first, pa.array(deleted)],
+                                             names=[*batch.schema.names, "_piece", "_version", "_first", "_deleted"])
 
-    placed = [StructField("_piece", LongType()), StructField("_version", LongType()), StructField("_deleted", BooleanType())]
+    placed = [StructField("_piece", LongType()), StructField("_version", LongType()), StructField("_first", LongType()),
+              StructField("_deleted", BooleanType())]
     return frame.mapInArrow(place, StructType([*frame.schema.fields, *placed]))
 
 
@@ -226,8 +260,48 @@ def _merged(runs: list[tuple[int, int]]) -> list[list[int]]:
     return merged
 
 
-def _last_events(changes, keys: list[str], sequenced: bool):
-    """Per key its last applicable event in the pipeline's order (module docstring)."""
+def _seeds(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list[str], files: list[File],
+           covered: Coverage, pieces: dict[int, Piece], removals: Removals, compacted: frozenset[str]):
+    """Under sequence_by, the states the tables hold from outside the replayed events (module
+    docstring), in ``keys``, the order's columns, the change and SEED; None: none."""
+    from pyspark.sql import functions as F
+
+    options = pipeline.sink.storage_options
+    order = [SEQUENCE_COLUMN, *COORDINATES]
+    found = []
+    if files:
+        rows = _placed(table_rows(spark, files, pa.schema([schema.field(c) for c in (*keys, *order)]), options),
+                       covered, pieces, removals)
+        # Rows no replayed event can be: of no piece; on a compacted topic, any (the fold leaves
+        # out a seed at its event's coordinates).
+        unreplayed = (F.col("_piece") < 0) | F.col(TOPIC_COLUMN).isin(sorted(compacted)) if compacted \
+            else F.col("_piece") < 0
+        found.append(rows.filter(unreplayed).select(*keys, *order, F.lit("upsert").alias(CHANGE_COLUMN),
+                                                    F.lit("row").alias(SEED)))
+    held = open_table(pipeline.sink.tombstones_uri, options)
+    deletes = snapshot_files(False, held, pipeline.sink.tombstones_uri) if held is not None else []
+    if deletes:
+        held_schema = pa.schema(held.schema().to_arrow())
+        names = key_columns(held_schema, pipeline.upsert.keys)
+        kept = table_rows(spark, deletes, pa.schema([held_schema.field(c) for c in (*names, *order)]), options)
+        partitions = sorted(KafkaPartition(r[TOPIC_COLUMN], r[PARTITION_COLUMN])
+                            for r in kept.select(TOPIC_COLUMN, PARTITION_COLUMN).distinct().collect())
+        # A delete at or past the main table's position is of a batch whose main commit is to come
+        # (the tombstones commit lands first; a run may be committing, or crashed between the two).
+        positions = {str(p): v for p, v in Ledger(pipeline.sink.table_uri, pipeline.name, options).positions(
+            partitions, table).items() if v is not None}
+        if positions:
+            position = F.create_map(*[F.lit(x) for p, v in sorted(positions.items()) for x in (p, v)])[
+                F.concat_ws("/", F.col(TOPIC_COLUMN), F.col(PARTITION_COLUMN).cast("string"))]
+            found.append(kept.filter(F.col(OFFSET_COLUMN) < position).select(
+                *[F.col(n).alias(k) for n, k in zip(names, keys)], *order, F.lit("delete").alias(CHANGE_COLUMN),
+                F.lit("tombstone").alias(SEED)))
+    return reduce(lambda a, b: a.unionByName(b), found) if found else None
+
+
+def _last_events(changes, keys: list[str], sequenced: bool, seeds=None):
+    """Per key its last applicable event in the pipeline's order (module docstring), ``seeds``
+    (under sequence_by; _seeds) competing with the events; SEED says which won."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -238,13 +312,25 @@ def _last_events(changes, keys: list[str], sequenced: bool):
     else:
         events, order = events.withColumn(CHANGE_COLUMN, F.when(kind == "tombstone", "delete").otherwise(kind)), \
             ["_version", *COORDINATES]
+    events = events.withColumn(SEED, F.lit(None).cast("string"))
+    if seeds is not None:
+        types = {f.name.lower(): f.dataType for f in events.schema.fields}
+        seeds = seeds.select(*[F.col(c).cast(types[c.lower()]).alias(c) for c in (*keys, *order)], CHANGE_COLUMN, SEED)
+        events = events.unionByName(seeds, allowMissingColumns=True)
+        # A seed at the coordinates of a replayed event of its key is that event: the event is
+        # compared (a row changed in place keeps its coordinates).
+        here = Window.partitionBy(*keys).orderBy(*COORDINATES).rangeBetween(Window.currentRow, Window.currentRow)
+        events = (events.withColumn("_replayed_here", F.max(F.col(SEED).isNull().cast("int")).over(here))
+                  .filter(F.col(SEED).isNull() | (F.col("_replayed_here") == 0)).drop("_replayed_here"))
     latest = Window.partitionBy(*keys).orderBy(*[F.col(c).desc() for c in order])
     return events.withColumn("_rank", F.row_number().over(latest)).filter(F.col("_rank") == 1).drop("_rank")
 
 
-def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[str]):
+def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[str],
+              epochs: list[tuple[int, tuple]] | None = None):
     """The table's rows and the replay's last events joined by key, each with its ``status``
-    (module docstring) and ``differing``, the columns whose values differ."""
+    (module docstring) and ``differing``, the columns whose values differ; ``epochs`` (_epochs):
+    the table's schema by version, where it changed."""
     from pyspark.sql import functions as F
 
     names = {c.lower() for c in replayed}
@@ -256,18 +342,26 @@ def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[st
         cast = column.cast(types[name])
         return F.to_json(cast) if "map<" in types[name].simpleString() else cast
 
-    equal = {c: comparable(F.col(f"t.`{c}`"), c).eqNullSafe(comparable(F.col(f"r.`{c}`"), c)) for c in columns}
+    def equal_in(name):
+        mine, theirs = comparable(F.col(f"t.`{name}`"), name), F.col(f"r.`{name}`").cast(types[name])
+        same_now = mine.eqNullSafe(comparable(theirs, name))
+        then = as_written(theirs, name, types[name], epochs or [], F.col("t._first"))
+        return same_now if then is None else same_now | mine.eqNullSafe(comparable(then, name))
+
+    equal = {c: equal_in(c) for c in columns}
     joined = t.join(r, reduce(lambda a, b: a & b, [F.col(f"t.`{k}`") == F.col(f"r.`{k}`") for k in keys]), "full_outer")
     in_table, in_replay = F.col(f"t.{TOPIC_COLUMN}").isNotNull(), F.col(f"r.{CHANGE_COLUMN}").isNotNull()
-    live = F.coalesce(F.col(f"r.{CHANGE_COLUMN}") == "upsert", F.lit(False))
+    seed = F.col(f"r.{SEED}")
+    live = F.coalesce((F.col(f"r.{CHANGE_COLUMN}") == "upsert") & seed.isNull(), F.lit(False))
     same = reduce(lambda a, b: a & b, equal.values(), F.lit(True))
-    status = (F.when(in_table & live & same, "same").when(in_table & live, "different")
+    status = (F.when(in_table & F.coalesce(seed == "row", F.lit(False)), "unreplayed")
+              .when(in_table & live & same, "same").when(in_table & live, "different")
               .when(in_table & ~in_replay & (F.col("t._piece") < 0), "unreplayed").when(in_table, "extra")
               .when(live & F.col("r._deleted"), "deleted_since").when(live, "missing").otherwise("gone"))
     return joined.select(
         *[F.coalesce(F.col(f"t.`{k}`"), F.col(f"r.`{k}`")).alias(k) for k in keys], status.alias("status"),
         F.array_compact(F.array(*[F.when(~e, F.lit(c)) for c, e in equal.items()])).alias("differing"),
-        F.col(f"r.{CHANGE_COLUMN}").alias("change"),
+        F.col(f"r.{CHANGE_COLUMN}").alias("change"), seed.alias("seed"),
         *[F.col(f"t.{c}").alias(f"t{c}") for c in COORDINATES], *[F.col(f"r.{c}").alias(f"r{c}") for c in COORDINATES])
 
 
@@ -290,26 +384,3 @@ def _records_read(staging: Staging, pieces: dict[int, Piece], pipeline: Pipeline
                 partition=piece.partition.partition, start=reached, end=piece.end)
         read[s] = result.records
     return read
-
-
-def _discrepancy(row, keys: list[str], pieces: dict[int, Piece], removals: Removals) -> Discrepancy:
-    """A key that differs from the replay, placed at the replay's event (the table's row for an extra one)."""
-    at = "t" if row["status"] == "extra" else "r"
-    p = KafkaPartition(row[f"{at}{TOPIC_COLUMN}"], row[f"{at}{PARTITION_COLUMN}"])
-    offset = row[f"{at}{OFFSET_COLUMN}"]
-    key = key_text(row, keys)
-    table_at = f"{row[f't{TOPIC_COLUMN}']}/{row[f't{PARTITION_COLUMN}']} offset {row[f't{OFFSET_COLUMN}']}"
-    if row["status"] == "different":
-        detail = (f"key {key}: the table's row (from {table_at}) differs from the replay's (from this event) in "
-                  f"{', '.join(row['differing'])}")
-    elif row["status"] == "missing":
-        detail = f"key {key}: the replay's row (from this event) is not in the table"
-    else:
-        deletes = (f"the replay deletes the key ({row[f'r{TOPIC_COLUMN}']}/{row[f'r{PARTITION_COLUMN}']} offset "
-                   f"{row[f'r{OFFSET_COLUMN}']})" if row["change"] is not None else "no replayed event has the key")
-        detail = f"key {key}: the table holds a row (from this event) that the replay does not: {deletes}"
-    outside = removals.outside["main"]
-    if outside:
-        detail += "; the table was changed outside oncemore by version(s) " + ", ".join(
-            f"{v} ({operation})" for v, operation in outside)
-    return Discrepancy("replay", p.topic, p.partition, offset, offset + 1, versions_at(pieces, p, offset), detail)

@@ -53,7 +53,8 @@ def audit_upserts(pipeline: Pipeline, spark_factory: Callable, table, files: lis
     if replay is not None:
         from oncemore.report.replay import replay_table
 
-        read = replay_table(spark_factory(), pipeline, schema, keys, files, covered, pieces, removals, report)
+        read = replay_table(spark_factory(), pipeline, table, schema, keys, files, covered, pieces, removals, report,
+                            replay.compacted)
     _check_records(audited, pieces, per_piece, removals, report, read, replay.compacted if replay else frozenset())
 
 
@@ -152,3 +153,27 @@ def _record_faults(entry: CommitEntry, mine: list[int], pieces: dict[int, Piece]
                       + ("; rows were removed outside oncemore by version(s) "
                          + ", ".join(f"{v} ({operation})" for v, operation in outside) if outside else ""))
     return faults
+
+
+def replay_discrepancy(row, keys: list[str], pieces: dict[int, Piece], removals: Removals) -> Discrepancy:
+    """A key that differs from the replay, placed at the replay's event (the table's row for an extra one)."""
+    at = "t" if row["status"] == "extra" else "r"
+    p = KafkaPartition(row[f"{at}{TOPIC_COLUMN}"], row[f"{at}{PARTITION_COLUMN}"])
+    offset = row[f"{at}{OFFSET_COLUMN}"]
+    key = key_text(row, keys)
+    table_at = f"{row[f't{TOPIC_COLUMN}']}/{row[f't{PARTITION_COLUMN}']} offset {row[f't{OFFSET_COLUMN}']}"
+    if row["status"] == "different":
+        detail = (f"key {key}: the table's row (from {table_at}) differs from the replay's (from this event) in "
+                  f"{', '.join(row['differing'])}")
+    elif row["status"] == "missing":
+        detail = f"key {key}: the replay's row (from this event) is not in the table"
+    else:
+        by = "the replay" if row["seed"] is None else "a newer delete the tombstones table holds"
+        deletes = (f"{by} deletes the key ({row[f'r{TOPIC_COLUMN}']}/{row[f'r{PARTITION_COLUMN}']} offset "
+                   f"{row[f'r{OFFSET_COLUMN}']})" if row["change"] is not None else "no replayed event has the key")
+        detail = f"key {key}: the table holds a row (from this event) that the replay does not: {deletes}"
+    outside = removals.outside["main"]
+    if outside:
+        detail += "; the table was changed outside oncemore by version(s) " + ", ".join(
+            f"{v} ({operation})" for v, operation in outside)
+    return Discrepancy("replay", p.topic, p.partition, offset, offset + 1, versions_at(pieces, p, offset), detail)

@@ -1,5 +1,5 @@
 """An upsert pipeline's decoded records as change rows, in Spark SQL: the row (Debezium's ``after``,
-or the value itself), the record's coordinates, its sequence, what the change is
+or the value itself), the record's headers when the pipeline reads them, its coordinates, its sequence, what the change is
 (``_oncemore_change``: upsert, delete, tombstone, truncate) and why it cannot be applied
 (``_oncemore_invalid``: NULL when it can).
 
@@ -13,20 +13,21 @@ hence quarantined with its reason).
 
 from __future__ import annotations
 
-from oncemore.config.upsert import Upsert
+from oncemore.config.model import Pipeline
 from oncemore.core.columns import (
     CHANGE_COLUMN,
     INVALID_COLUMN,
     METADATA_FIELDS,
     SEQUENCE_COLUMN,
     TOMBSTONE_COLUMN,
+    key_type_ok,
 )
 from oncemore.core.errors import OncemoreError
 
 
 class UpsertRefused(OncemoreError):
-    """An upsert block that does not fit the records (a key that is no column, a sequence_by or
-    delete_when that does not resolve)."""
+    """An upsert block that does not fit the records (a key that is no column of the row or of a
+    type that does not compare exactly, a sequence_by or delete_when that does not resolve)."""
 
 
 _DEBEZIUM = ("before", "after", "op")
@@ -36,14 +37,19 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def change_rows(records, upsert: Upsert, pipeline: str):
+def change_rows(records, pipeline: Pipeline):
     """``records`` (the decoded records DataFrame) as change rows (module docstring)."""
+    from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructType
 
+    upsert = pipeline.upsert
     schema = records.schema
     names = set(schema.fieldNames())
     coordinates = [f.name for f in METADATA_FIELDS]
-    where = f"pipeline {pipeline}: upsert"
+    where = f"pipeline {pipeline.name}: upsert"
+    # The record's own columns beside its value's: a value field may have any other name.
+    keyed = pipeline.key is not None or pipeline.format.type == "raw"
+    extra = ["headers"] if pipeline.headers else []
     if upsert.envelope == "debezium":
         missing = [n for n in _DEBEZIUM if n not in names]
         if missing or not isinstance(schema["after"].dataType, StructType):
@@ -54,20 +60,26 @@ def change_rows(records, upsert: Upsert, pipeline: str):
         before = {f.name.lower() for f in schema["before"].dataType} if isinstance(schema["before"].dataType,
                                                                                 StructType) else set()
     else:
-        row = StructType([f for f in schema if f.name not in {"key", "headers", TOMBSTONE_COLUMN, *coordinates}])
+        own = {*(["key"] if keyed else []), *extra, TOMBSTONE_COLUMN, *coordinates}
+        row = StructType([f for f in schema if f.name not in own])
     by_lower = {f.name.lower(): f for f in row}
     for key in upsert.keys:
         if key.lower() not in by_lower:
             raise UpsertRefused(f"{where}.keys: {key!r} is not a column of the row ({', '.join(row.fieldNames())})",
                                 key=key)
     keys = [by_lower[k.lower()] for k in upsert.keys]
+    for key in keys:
+        if not key_type_ok(to_arrow_type(key.dataType)):
+            raise UpsertRefused(f"{where}.keys: {key.name!r} has type {key.dataType.simpleString()}; a key column "
+                                "compares exactly (integers, strings, dates, timestamps, booleans, binary)",
+                                key=key.name)
     key_names = {k.name for k in keys}
-    key_type = schema["key"].dataType if "key" in names else None
+    key_type = schema["key"].dataType if keyed else None
 
     def kafka_key(field) -> str:
         if isinstance(key_type, StructType):
             found = {f.name.lower(): f.name for f in key_type}.get(field.name.lower())
-            return f"CAST(key.{_q(found)} AS {field.dataType.simpleString()})" if found else "NULL"
+            return f"try_cast(key.{_q(found)} AS {field.dataType.simpleString()})" if found else "NULL"
         if key_type is not None and len(keys) == 1:
             return f"try_cast(CAST(key AS STRING) AS {field.dataType.simpleString()})"
         return "NULL"
@@ -108,7 +120,7 @@ def change_rows(records, upsert: Upsert, pipeline: str):
         columns.append(f"{sequence} AS {SEQUENCE_COLUMN}")
         invalid.append((f"NOT {tombstone} AND {sequence} IS NULL",
                         f"'sequence_by {_sql_text(upsert.sequence_by)} is NULL or not a number'"))
-    columns += [_q(c) for c in coordinates]
+    columns += [_q(c) for c in [*extra, *coordinates]]
     columns.append(f"{change} AS {CHANGE_COLUMN}")
     reasons = " ".join(f"WHEN {test} THEN {reason}" for test, reason in invalid)
     columns.append(f"CAST(CASE {reasons} END AS STRING) AS {INVALID_COLUMN}")

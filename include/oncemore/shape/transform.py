@@ -93,7 +93,7 @@ def shape(session, records, pipeline: Pipeline):
                                    f"{_first_line(exc)}", expectation=expectation.name) from None
         shaped = shaped.withColumn(f"{VERDICT_PREFIX}{i}", verdict)
     if pipeline.upsert is not None:
-        shaped = change_rows(shaped, pipeline.upsert, pipeline.name)
+        shaped = change_rows(shaped, pipeline)
     return shaped
 
 
