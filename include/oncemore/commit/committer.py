@@ -113,14 +113,19 @@ def commit(
 
 def held(ledger: Ledger, table: DeltaTable, expected: Mapping[KafkaPartition, int | None],
          new_positions: Mapping[KafkaPartition, int]) -> bool:
-    """What a commit built on ``table`` checks first: the owner, the table's writability, and
-    whether the table already holds ``new_positions`` (True: nothing to commit; see already_committed)."""
-    check_owner_at_commit(ledger, table, {p.topic for p in new_positions})
+    """What a commit built on ``table`` checks first (check_committable), and whether the table
+    already holds ``new_positions`` (True: nothing to commit; see already_committed)."""
+    check_committable(ledger, table, {p.topic for p in new_positions})
+    return already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions)
+
+
+def check_committable(ledger: Ledger, table: DeltaTable, topics: Iterable[str]) -> None:
+    """The owner of ``topics`` and the table's writability, in the snapshot a commit builds on."""
+    check_owner_at_commit(ledger, table, topics)
     # A CHECK constraint another writer added since the run checked the table: delta-rs commits add
     # actions without evaluating one, so the rows would land in breach of it. One added after this
     # snapshot is a metadata change delta-rs's conflict check refuses the commit for.
     check_writable(table, ledger.table_uri)
-    return already_committed(ledger, ledger.positions(new_positions, table), expected, new_positions)
 
 
 def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, clauses: Callable,

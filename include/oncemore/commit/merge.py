@@ -27,13 +27,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from oncemore.commit.committer import CommitOutcome, check_owner_at_commit, held, merge
-from oncemore.commit.tablefeatures import check_writable
+from oncemore.commit.committer import CommitOutcome, check_committable, held, merge
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -117,17 +117,20 @@ def _one_partition_per_key(rows: pa.Table, keys: tuple[str, ...], pipeline: str)
     where = pc.binary_join_element_wise(rows.column(TOPIC_COLUMN),
                                         pc.cast(rows.column(PARTITION_COLUMN), pa.string()), "/")
     grouped = rows.select(list(keys)).append_column("_where", where).group_by(list(keys)).aggregate(
-        [("_where", "count_distinct"), ("_where", "distinct")])
+        [("_where", "count_distinct")])
     twice = grouped.filter(pc.greater(grouped.column("_where_count_distinct"), 1))
     if twice.num_rows:
-        first = twice.slice(0, 1).to_pylist()[0]
-        key = {k: first[k] for k in keys}
-        partitions = sorted(first["_where_distinct"])
+        key = {k: v for k, v in twice.slice(0, 1).to_pylist()[0].items() if k in keys}
+        mine = rows.filter(reduce(pc.and_, [pc.equal(rows.column(k), v) for k, v in key.items()]))
+        events = sorted(zip(mine.column(TOPIC_COLUMN).to_pylist(), mine.column(PARTITION_COLUMN).to_pylist(),
+                            mine.column(OFFSET_COLUMN).to_pylist()))
+        partitions = sorted({f"{t}/{p}" for t, p, _ in events})
         raise KeyInTwoPartitions(
-            f"pipeline {pipeline}: key {key} has events in partitions {', '.join(partitions)} of this batch "
-            f"({twice.num_rows} keys in all): without upsert.sequence_by their order is undefined; nothing of the "
+            f"pipeline {pipeline}: key {key} has events in partitions {', '.join(partitions)} of this batch (at "
+            f"{', '.join(f'{t}/{p} offset {o}' for t, p, o in events[:6])}{', ...' if len(events) > 6 else ''}; "
+            f"{twice.num_rows} keys in all): without upsert.sequence_by their order is undefined; nothing of the "
             "batch was committed (set sequence_by, or keep one key in one partition)",
-            key=str(key), partitions=partitions, keys=twice.num_rows)
+            key=str(key), partitions=partitions, offsets=[f"{t}/{p}:{o}" for t, p, o in events], keys=twice.num_rows)
 
 
 def _newer(a: pa.Table, b: pa.Table) -> pa.Array:
@@ -167,7 +170,9 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
         stale = pc.and_(pc.is_valid(theirs.column("_present")), _newer(theirs, latest))
         counts["stale"] += pc.sum(stale).as_py() or 0
         latest = latest.filter(pc.invert(stale))
-    theirs = _matched(latest, _read(table, spec.keys, latest, order), spec.keys, order)
+    # Without a sequence only whether the table holds the key matters: its order is not read.
+    compared = order if spec.sequenced else []
+    theirs = _matched(latest, _read(table, spec.keys, latest, compared), spec.keys, compared)
     present = pc.is_valid(theirs.column("_present"))
     # Without a sequence, the positions order the parts: an event of a later part is newer.
     stale = (pc.and_(present, pc.invert(_newer(latest, theirs))) if spec.sequenced
@@ -241,8 +246,7 @@ def _keep_deletes(tombstones: Ledger, deletes: pa.Table, new_positions, partitio
                                                     deletes.column(PARTITION_COLUMN).to_pylist())}
     current = tombstones.positions(touched, table)
     moves = {p: max(new_positions[p], current[p] or 0) for p in touched}
-    check_owner_at_commit(tombstones, table, {p.topic for p in touched})
-    check_writable(table, tombstones.table_uri)
+    check_committable(tombstones, table, {p.topic for p in touched})
     now = pa.array([int(time.time() * 1_000_000)] * deletes.num_rows, pa.int64()).cast(TIMESTAMP)
     source = deletes.append_column(DELETED_AT_FIELD, now)
     target = pa.schema(table.schema().to_arrow())
