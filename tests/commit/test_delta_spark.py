@@ -318,19 +318,21 @@ def test_rows_deleted_by_delta_spark_are_named_by_verify_and_ingestion_goes_on(b
     ingest(pipeline, delta)
     assert verify(pipeline, lambda: delta).ok  # deletion vectors on, none written yet
     delta.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-    assert delta.sql(f"DELETE FROM delta.`{path}` WHERE _kafka_partition = 2 AND _kafka_offset IN (7, 8)").first()[0] == 2
+    # Rows of one commit in two partitions: verify names each partition's own offsets.
+    assert delta.sql(f"DELETE FROM delta.`{path}` WHERE (_kafka_partition = 2 AND _kafka_offset IN (7, 8)) "
+                     "OR (_kafka_partition = 1 AND _kafka_offset = 8)").first()[0] == 3
     deleted_at = DeltaTable(path).version()
-    assert DeltaTable(path).deletion_vectors().read_all().num_rows == 1  # the rows are masked, their file kept
+    assert DeltaTable(path).deletion_vectors().read_all().num_rows >= 1  # the rows are masked, their files kept
 
     more = broker.produce(topic, orders(300, 300))
     ingest(pipeline, delta)
 
-    kept = sorted(set(produced + more) - {(2, 7), (2, 8)})
+    kept = sorted(set(produced + more) - {(2, 7), (2, 8), (1, 8)})
     assert_exactly_once(spark_pairs(delta, path), kept)
     assert_exactly_once(read_pairs(path), kept)
     report = verify(pipeline, lambda: delta)
     assert not report.ok and set(report.counts) == {"count"}, report.describe()
-    lost, = report.discrepancies
-    assert (lost.topic, lost.partition) == (topic, 2) and lost.detail.endswith(
-        f"; rows were removed outside oncemore by version(s) {deleted_at} (DELETE): "
-        f"offset(s) 7, 8 of {topic}/2 are in Kafka and in neither table"), lost.detail
+    assert [(d.topic, d.partition, d.detail.split(f"version(s) {deleted_at} (DELETE): ")[-1])
+            for d in report.discrepancies] == [
+        (topic, 1, f"offset(s) 8 of {topic}/1 are in Kafka and in neither table"),
+        (topic, 2, f"offset(s) 7, 8 of {topic}/2 are in Kafka and in neither table")], report.describe()

@@ -225,15 +225,18 @@ def _check_counts(audited: list[CommitEntry], pieces: dict[int, Piece], per_piec
             continue
         lost = missing(entry, mine)
         for what, found, stated, deleted in wrong:
-            report.add(_count_discrepancy(entry, what, found, stated, deleted, rows, lost, removals.outside[what]))
+            for discrepancy in _count_discrepancies(entry, what, found, stated, deleted, rows, lost,
+                                                    removals.outside[what]):
+                report.add(discrepancy)
 
 
-def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, deleted: int, rows, lost,
-                       outside: list[tuple[int, str]]) -> Discrepancy:
+def _count_discrepancies(entry: CommitEntry, what: str, found: int, stated: int, deleted: int, rows, lost,
+                         outside: list[tuple[int, str]]) -> list[Discrepancy]:
     """A commit's count that differs from its record (less the rows recorded deletions removed),
-    named by the partition at fault: the one with offsets Kafka holds and neither table does; else
-    (Kafka no longer holds them) every partition's rows beside its range, for a reader to compare.
-    Commits of another writer that removed rows from the table are named with it."""
+    named by the partitions at fault, one discrepancy each with its own offsets: those Kafka holds
+    and neither table does; else (Kafka no longer holds them) one naming every partition's rows
+    beside its range, for a reader to compare. Commits of another writer that removed rows from
+    the table are named with it."""
     record, ranges = entry.record, entry.record.partition_ranges()
     since = f" ({deleted} of them deleted since by oncemore delete)" if deleted else ""
     said = (f"commit {entry.version} (run {record.run_id}, {len(ranges)} partition(s)) has {found} rows in the {what} "
@@ -243,19 +246,22 @@ def _count_discrepancy(entry: CommitEntry, what: str, found: int, stated: int, d
                  + ", ".join(f"{v} ({operation})" for v, operation in outside))
     at_fault = sorted(p for p, offsets in lost.items() if offsets)
     if at_fault:
-        p = at_fault[0]
-        offsets = lost[p]
-        named = ", ".join(map(str, offsets[:EXAMPLES])) + (f" and {len(offsets) - EXAMPLES} more" if len(offsets) > EXAMPLES else "")
         filtered = "; a transform may have filtered some of them" if record.records.get("filtered") else ""
-        detail = (f"{said}: offset(s) {named} of {p} are in Kafka and in neither table{filtered}"
-                  + (f" (also in {', '.join(map(str, at_fault[1:]))})" if len(at_fault) > 1 else ""))
-        return Discrepancy("count", p.topic, p.partition, *ranges[p], (entry.version,), detail)
+        return [Discrepancy("count", p.topic, p.partition, *ranges[p], (entry.version,),
+                            f"{said}: offset(s) {_examples(lost[p])} of {p} are in Kafka and in neither table{filtered}")
+                for p in at_fault]
     gone = [p for p, offsets in lost.items() if offsets is None]
     per_partition = ", ".join(f"{p} [{s}, {e}): {rows[p][0]} + {rows[p][1]} rows" for p, (s, e) in sorted(ranges.items()))
     p, (start, end) = min(ranges.items())
     why = "Kafka no longer holds the range" if gone else "every record Kafka holds is in a table"
-    return Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
-                       f"{said} ({why}; main + quarantine rows per partition: {per_partition})")
+    return [Discrepancy("count", p.topic, p.partition, start, end, (entry.version,),
+                        f"{said} ({why}; main + quarantine rows per partition: {per_partition})")]
+
+
+def _examples(offsets: list[int]) -> str:
+    """The first EXAMPLES offsets, and how many more."""
+    more = len(offsets) - EXAMPLES
+    return ", ".join(map(str, offsets[:EXAMPLES])) + (f" and {more} more" if more > 0 else "")
 
 
 def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, Piece], mine: list[int],
