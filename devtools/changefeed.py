@@ -181,17 +181,21 @@ def fold(records: Iterable[Record], envelope: Literal["debezium", "none"] = "deb
     """The rows an upsert ingestion of ``records`` ends with. Without ``sequence``, each record in
     (partition, offset) order upserts or deletes its key, a null value deleting (raises when a key
     is in two partitions). With it, a key's record of the greatest (sequence, topic, partition,
-    offset) decides, deletes included; null values carry no sequence and change nothing."""
+    offset) decides, deletes included; a null value carries no sequence and deletes its key when
+    that record came from the null value's partition at a lower offset (one partition's order is
+    Kafka's, whatever the sequences say)."""
     def key_of(document: dict | None, kafka_key: bytes | None) -> tuple:
         if document is None and kafka_key is None:
             raise ValueError("a delete without a key: no before image and no Kafka key")
         return tuple((document if document is not None else json.loads(kafka_key))[c] for c in key_columns)
 
     latest: dict[tuple, tuple[tuple, dict | None]] = {}  # key -> (order, row or None for a delete)
+    nulls: dict[tuple, list[tuple[str, int, int]]] = {}  # under a sequence: key -> its null values' coordinates
     for topic, partition, offset, kafka_key, raw in sorted(records, key=lambda r: r[:3]):
         value = None if raw is None else json.loads(raw)
         if value is None:
             if sequence is not None:
+                nulls.setdefault(key_of(None, kafka_key), []).append((topic, partition, offset))
                 continue
             key, row = key_of(None, kafka_key), None
         elif envelope == "debezium":
@@ -216,6 +220,10 @@ def fold(records: Iterable[Record], envelope: Literal["debezium", "none"] = "deb
             order = (Decimal(str(number)), topic, partition, offset)
         if key not in latest or order > latest[key][0]:
             latest[key] = (order, row)
+    for key, coordinates in nulls.items():
+        if key in latest and latest[key][1] is not None and any(
+                (t, p) == latest[key][0][-3:-1] and o > latest[key][0][-1] for t, p, o in coordinates):
+            latest[key] = (latest[key][0], None)
     return {key: {**row, "_kafka_topic": order[-3], "_kafka_partition": order[-2], "_kafka_offset": order[-1]}
             for key, (order, row) in latest.items() if row is not None}
 

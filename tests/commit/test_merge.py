@@ -1,10 +1,13 @@
 """commit/merge.py on delta-rs alone (no Kafka, no Spark): change rows applied to a table the way a
 part's commit applies them, for the cases a run rarely produces on demand: keys whose file
-statistics delta-rs truncates, and a tombstones table whose positions a rewinding reset left ahead."""
+statistics delta-rs truncates, a tombstones table whose positions a rewinding reset left ahead,
+a tombstone's rule under sequence_by (it deletes a row of its own partition below it), and
+Debezium's placeholder for a value it did not send."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
@@ -14,34 +17,55 @@ from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
 
 PARTITION = KafkaPartition("t", 0)
+PLACEHOLDER = "__debezium_unavailable_value"
 
 
 class Tables:
-    def __init__(self, root, key: pa.Field):
+    def __init__(self, root, key: pa.Field, sequenced: bool = True, placeholder: str | None = None):
         self.main, self.tombstones = str(root / "main"), str(root / "tombstones")
-        self.schema = pa.schema([key, pa.field("v", pa.string()), SEQUENCE_FIELD] + METADATA_FIELDS)
+        self.schema = pa.schema([key, pa.field("v", pa.string()), pa.field("blob", pa.binary())]
+                                + ([SEQUENCE_FIELD] if sequenced else []) + METADATA_FIELDS)
         DeltaTable.create(self.main, self.schema)
         DeltaTable.create(self.tombstones, tombstones_schema(pa.schema([key])))
-        self.spec = UpsertSpec((key.name,), True, self.tombstones)
+        self.spec = UpsertSpec((key.name,), sequenced, self.tombstones, placeholder)
         self.batch = 0
+        self.ends = {0: 0, 1: 0}
 
-    def apply(self, changes: list[tuple], start: int, end: int):
-        """``changes``: (key, value, change, sequence, offset) in partition t/0, its range [start, end)."""
+    def apply(self, changes: list[tuple], start: int | None = None, end: int | None = None):
+        """``changes``: (key, value, change, sequence, offset[, partition[, blob]]) in topic t
+        (partition 0 unless said); a partition's range runs from where the last one ended (or
+        [start, end) for partition 0)."""
         self.batch += 1
         key = self.spec.keys[0]
-        rows = pa.table({key: [c[0] for c in changes], "v": [c[1] for c in changes],
-                         "_sequence": [c[3] for c in changes], "_kafka_topic": ["t"] * len(changes),
-                         "_kafka_partition": [0] * len(changes), "_kafka_offset": [c[4] for c in changes],
-                         "_kafka_timestamp": [None] * len(changes), CHANGE_COLUMN: [c[2] for c in changes]})
+        part = [c[5] if len(c) > 5 else 0 for c in changes]
+        columns = {key: [c[0] for c in changes], "v": [c[1] for c in changes],
+                   "blob": [c[6] if len(c) > 6 else None for c in changes]}
+        if self.spec.sequenced:
+            columns["_sequence"] = [c[3] for c in changes]
+        rows = pa.table({**columns, "_kafka_topic": ["t"] * len(changes), "_kafka_partition": part,
+                         "_kafka_offset": [c[4] for c in changes], "_kafka_timestamp": [None] * len(changes),
+                         CHANGE_COLUMN: [c[2] for c in changes]})
         rows = rows.cast(self.schema.append(pa.field(CHANGE_COLUMN, pa.string())))
+        ranges = {}
+        for p in sorted(set(part) | ({0} if start is not None else set())):
+            offsets = [c[4] for c, q in zip(changes, part) if q == p]
+            first = start if p == 0 and start is not None else self.ends[p]
+            last = end if p == 0 and end is not None else max(offsets) + 1
+            ranges[KafkaPartition("t", p)] = (first, last)
+            self.ends[p] = last
         main = Ledger(self.main, "p")
-        record = CommitInfo(pipeline="p", run_id="r", batch_seq=self.batch, ranges={"t": {"0": [start, end]}},
+        record = CommitInfo(pipeline="p", run_id="r", batch_seq=self.batch,
+                            ranges={"t": {str(p.partition): list(r) for p, r in ranges.items()}},
                             records={"written": len(changes), "quarantined": 0, "filtered": 0})
         return apply(main, Ledger(self.tombstones, "p"), reduce_changes(rows, self.spec, "p"), self.spec,
-                     main.positions([PARTITION]), {PARTITION: end}, [PARTITION], record, "p")
+                     main.positions(list(ranges)), {p: e for p, (_, e) in ranges.items()}, list(ranges), record, "p")
 
-    def rows(self) -> dict:
-        return {r[self.spec.keys[0]]: r["v"] for r in DeltaTable(self.main).to_pyarrow_table().to_pylist()}
+    def rows(self, column: str = "v") -> dict:
+        return {r[self.spec.keys[0]]: r[column] for r in DeltaTable(self.main).to_pyarrow_table().to_pylist()}
+
+    def held(self) -> dict:
+        return {r[self.spec.keys[0]]: (r["_sequence"], r["_kafka_partition"], r["_kafka_offset"])
+                for r in DeltaTable(self.tombstones).to_pyarrow_table().to_pylist()}
 
 
 def test_keys_longer_than_the_statistics_delta_rs_keeps_are_updated_and_deleted(tmp_path):
@@ -65,3 +89,56 @@ def test_a_delete_is_kept_even_where_the_tombstones_positions_are_ahead_after_a_
     assert counts["stale"] == 1 and tables.rows() == {}
     held = {r["id"] for r in DeltaTable(tables.tombstones).to_pyarrow_table().to_pylist()}
     assert held == {7, 9}
+
+
+def test_a_tombstone_deletes_the_row_of_its_partition_below_it_and_keeps_the_delete_against_older_events(tmp_path):
+    """A compacted topic's d is gone, its tombstone is left: it deletes the row that came from its
+    partition at a lower offset, and the delete holds the row's sequence at its coordinates."""
+    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+    tables.apply([(1, "one", "upsert", 10, 0), (2, "two", "upsert", 20, 1), (3, "three", "upsert", 30, 0, 1)])
+    _, counts = tables.apply([(1, None, "tombstone", None, 3),  # the d at offset 2 was compacted away
+                              (3, None, "tombstone", None, 4),  # its row came from partition 1: no delete
+                              (2, None, "tombstone", None, 1, 1)])  # partition 1's tombstone, row from partition 0
+    assert tables.rows() == {2: "two", 3: "three"}
+    assert (counts["deleted"], counts["tombstones"], counts["stale"]) == (1, 2, 0), counts
+    assert tables.held() == {1: (10, 0, 3)}
+    _, counts = tables.apply([(1, "late", "upsert", 9, 5, 1)])  # older than the deleted row
+    assert tables.rows() == {2: "two", 3: "three"} and counts["stale"] == 1
+    _, counts = tables.apply([(1, "again", "upsert", 11, 6)])
+    assert tables.rows() == {1: "again", 2: "two", 3: "three"} and counts["inserted"] == 1
+
+
+def test_a_tombstone_after_the_parts_own_event_deletes_it_and_an_earlier_one_does_not(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+    _, counts = tables.apply([(1, "one", "upsert", 10, 0), (1, None, "tombstone", None, 1),
+                              (2, None, "tombstone", None, 2), (2, "two", "upsert", 5, 3),
+                              (3, "three", "upsert", 7, 4), (3, None, "tombstone", None, 5),
+                              (3, "three-b", "upsert", 8, 6, 1)])  # newer, from another partition: it stays
+    assert tables.rows() == {2: "two", 3: "three-b"}
+    assert {k: counts[k] for k in ("inserted", "noop_deletes", "superseded", "tombstones")} == {
+        "inserted": 2, "noop_deletes": 1, "superseded": 2, "tombstones": 2}, counts
+    assert tables.held() == {1: (10, 0, 1)}
+
+
+def test_a_row_whose_sequence_was_cleared_loses_to_any_event(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+    tables.apply([(1, "one", "upsert", 10, 0)])
+    DeltaTable(tables.main).update({"_sequence": "NULL"})
+    _, counts = tables.apply([(1, "new era", "upsert", 1, 1, 1)])
+    assert tables.rows() == {1: "new era"} and counts["updated"] == 1
+
+
+@pytest.mark.parametrize("sequenced", [True, False], ids=["sequence_by", "offsets"])
+def test_a_placeholder_keeps_the_stored_value_and_an_unknown_one_is_null_and_counted(tmp_path, sequenced):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=sequenced, placeholder=PLACEHOLDER)
+    big, raw = "x" * 5000, PLACEHOLDER.encode()
+    tables.apply([(1, big, "upsert", 1, 0, 0, b"blob-1"), (2, "two", "upsert", 2, 1, 0, b"blob-2")])
+    _, counts = tables.apply([(1, PLACEHOLDER, "upsert", 3, 2, 0, raw),  # both unchanged: the stored values
+                              (2, "two-b", "upsert", 4, 3, 0, raw),
+                              (2, PLACEHOLDER, "upsert", 5, 4, 0, b"blob-2b"),  # the earlier event's value
+                              (3, PLACEHOLDER, "upsert", 6, 5, 0, b"blob-3"),  # nothing holds its value
+                              (4, "four", "upsert", 7, 6), (4, None, "delete", 8, 7),
+                              (4, PLACEHOLDER, "upsert", 9, 8)])  # after its delete: unknown
+    assert tables.rows() == {1: big, 2: "two-b", 3: None, 4: None}
+    assert tables.rows("blob") == {1: b"blob-1", 2: b"blob-2b", 3: b"blob-3", 4: None}
+    assert counts["unavailable"] == 2 and counts["updated"] == 2 and counts["inserted"] == 2, counts

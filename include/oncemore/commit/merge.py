@@ -24,8 +24,10 @@ the ones that change a row; a MERGE that changes nothing is a commit of the posi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -45,7 +47,7 @@ from oncemore.core.columns import (
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
 )
-from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.coordinates import KafkaPartition, nested
 from oncemore.core.errors import OncemoreError
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
@@ -73,23 +75,84 @@ class UpsertSpec:
     keys: tuple[str, ...]  # as the table names them
     sequenced: bool
     tombstones_uri: str | None
+    placeholder: str | None = None  # upsert.unavailable_value_placeholder: a column value that is not sent
 
 
 @dataclass
 class Changes:
-    """A part's change rows reduced: one per key, with the counts of the events left behind."""
+    """A part's change rows reduced: one event per key, under sequence_by each key's last
+    tombstone per partition (keys, coordinates, timestamp), the counts of the events left behind
+    and, per partition, the greatest Kafka timestamp of its change rows (the stream's time)."""
 
     latest: pa.Table
+    marks: pa.Table | None
     counts: dict[str, int]
+    stream_ms: dict[KafkaPartition, int]
+
+
+def describe_counts(records: dict[str, int]) -> str:
+    """An upsert's counts as its log lines say them: inserted, updated, deleted and stale always,
+    the others where not zero (``records``: a commit record's, or their sums)."""
+    always = ("inserted", "updated", "deleted", "stale")
+    others = [n for n in (*COUNTS, "quarantined", "filtered", "unavailable") if n not in always]
+    return ", ".join(f"{records.get(n, 0)} {n}" for n in always) + "".join(
+        f", {records[n]} {n}" for n in others if records.get(n))
+
+
+def placeholder_forms(kind: pa.DataType, placeholder: str) -> list | None:
+    """The values a column of ``kind`` holds where Debezium did not send it (an unchanged TOASTed
+    value): the placeholder text, its bytes in a binary column, a one-element array of it (or of
+    its name UUID, as Java's UUID.nameUUIDFromBytes makes it) in an array of strings, its bytes one
+    per element in an array of integers; None: a column that never carries it."""
+    raw = placeholder.encode()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return [placeholder]
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return [raw]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        element = kind.value_type
+        if pa.types.is_string(element) or pa.types.is_large_string(element):
+            digest = bytearray(hashlib.md5(raw).digest())
+            digest[6], digest[8] = (digest[6] & 0x0F) | 0x30, (digest[8] & 0x3F) | 0x80
+            return [[placeholder], [str(uuid.UUID(bytes=bytes(digest)))]]
+        if pa.types.is_integer(element):
+            return [list(raw)]
+    return None
+
+
+def _unavailable(column: pa.ChunkedArray, forms: list) -> pa.Array:
+    """Row by row, whether ``column`` holds one of ``forms`` (placeholder_forms)."""
+    if isinstance(forms[0], list):
+        return pa.array([v in forms for v in column.to_pylist()], pa.bool_())
+    return pc.fill_null(pc.is_in(column, value_set=pa.array(forms, column.type)), False).combine_chunks()
+
+
+def _placeheld(rows: pa.Table, spec: UpsertSpec) -> dict[str, list]:
+    """The columns of ``rows`` that may carry the placeholder, with its forms."""
+    if spec.placeholder is None:
+        return {}
+    own = {*spec.keys, SEQUENCE_COLUMN, CHANGE_COLUMN, *ORDER, TIMESTAMP_COLUMN}
+    found = {f.name: placeholder_forms(f.type, spec.placeholder) for f in rows.schema if f.name not in own}
+    return {name: forms for name, forms in found.items() if forms is not None}
 
 
 def reduce_changes(rows: pa.Table, spec: UpsertSpec, pipeline: str) -> Changes:
-    """The last event per key (module docstring: order); under sequence_by, tombstones left out."""
+    """The last event per key (module docstring: order), a placeholder taking the value of its
+    key's event before it in the part; under sequence_by, each key's last tombstone per partition
+    beside them."""
     counts = dict.fromkeys(COUNTS, 0)
+    counts["unavailable"] = 0
+    stream_ms = _stream_ms(rows)
     kind = rows.column(CHANGE_COLUMN)
+    keys = list(spec.keys)
+    marks = None
     if spec.sequenced:
         markers = pc.equal(kind, "tombstone")
-        counts["tombstones"] = pc.sum(markers).as_py() or 0
+        marks = _last(rows.filter(markers).select([*keys, *ORDER, TIMESTAMP_COLUMN]), [*keys, *ORDER[:2]],
+                      [OFFSET_COLUMN])
+        # An earlier tombstone of a key in a partition never decides: the partition's last one
+        # comes after every event the earlier one comes after.
+        counts["tombstones"] = (pc.sum(markers).as_py() or 0) - marks.num_rows
         rows = rows.filter(pc.invert(markers))
         order = [SEQUENCE_COLUMN, *ORDER]
     else:
@@ -97,20 +160,75 @@ def reduce_changes(rows: pa.Table, spec: UpsertSpec, pipeline: str) -> Changes:
                                pc.if_else(pc.equal(kind, "tombstone"), "delete", kind))
         _one_partition_per_key(rows, spec.keys, pipeline)
         order = list(ORDER)
-    rows = rows.sort_by([(k, "ascending") for k in (*spec.keys, *order)])
-    last = None
-    for key in spec.keys:
-        column = rows.column(key)
-        differs = pc.not_equal(column.slice(0, len(column) - 1), column.slice(1))
-        last = differs if last is None else pc.or_(last, differs)
-    if rows.num_rows:
-        ends = pa.concat_arrays([(last.combine_chunks() if last is not None else pa.array([], pa.bool_())),
-                                 pa.array([True])])
-        latest = rows.filter(ends)
-    else:
-        latest = rows
+    rows = rows.sort_by([(k, "ascending") for k in (*keys, *order)])
+    rows = _filled(rows, keys, _placeheld(rows, spec), counts)
+    latest = _last(rows, keys, order, sorted_=True)
     counts["superseded"] = rows.num_rows - latest.num_rows
-    return Changes(latest, counts)
+    return Changes(latest, marks, counts, stream_ms)
+
+
+def _stream_ms(rows: pa.Table) -> dict[KafkaPartition, int]:
+    """Per partition, the greatest Kafka timestamp (ms) of ``rows``."""
+    stamped = rows.select([TOPIC_COLUMN, PARTITION_COLUMN]).append_column(
+        "_ms", pc.cast(rows.column(TIMESTAMP_COLUMN), pa.int64())).filter(pc.is_valid(pc.field("_ms")))
+    greatest = stamped.group_by([TOPIC_COLUMN, PARTITION_COLUMN]).aggregate([("_ms", "max")])
+    return {KafkaPartition(t, p): us // 1000 for t, p, us in zip(*(greatest.column(c).to_pylist() for c in (
+        TOPIC_COLUMN, PARTITION_COLUMN, "_ms_max")))}
+
+
+def _starts(rows: pa.Table, keys: list[str]) -> pa.Array:
+    """Row by row (``rows`` sorted by key), whether it is its key's first."""
+    if not rows.num_rows:
+        return pa.array([], pa.bool_())
+    first = None
+    for key in keys:
+        column = rows.column(key)
+        differs = pc.fill_null(pc.not_equal(column.slice(0, len(column) - 1), column.slice(1)), True)
+        first = differs if first is None else pc.or_(first, differs)
+    return pa.concat_arrays([pa.array([True]), first.combine_chunks()])
+
+
+def _last(rows: pa.Table, group: list[str], order: list[str], sorted_: bool = False) -> pa.Table:
+    """The last row of each ``group`` by ``order``."""
+    if not rows.num_rows:
+        return rows
+    if not sorted_:
+        rows = rows.sort_by([(k, "ascending") for k in (*group, *order)])
+    starts = _starts(rows, group)
+    return rows.filter(pa.concat_arrays([starts.slice(1), pa.array([True])]))
+
+
+def _filled(rows: pa.Table, keys: list[str], columns: dict[str, list], counts: dict[str, int]) -> pa.Table:
+    """``rows`` (sorted by key and order) with each placeholder taking its key's previous event's
+    value, unless a delete of the key comes between (then NULL, counted ``unavailable``). A
+    placeholder in a key's first event is left for the MERGE (the row the table holds)."""
+    if not columns or not rows.num_rows:
+        return rows
+    n = rows.num_rows
+    starts = _starts(rows, keys)
+    deleted = pc.equal(rows.column(CHANGE_COLUMN), "delete").combine_chunks()
+    after_delete = pc.and_(pc.invert(starts), pa.concat_arrays([pa.array([False]), deleted.slice(0, n - 1)]))
+    fresh = pc.or_(starts, after_delete)  # where a key's values begin again
+    # Within a key, the segments since its first event or its last delete: a placeholder reaches back no further.
+    index = pa.array(range(n), pa.int64())
+    segment_start = pc.fill_null_forward(pc.if_else(fresh, index, pa.scalar(None, pa.int64())))
+    for name, forms in columns.items():
+        missing = _unavailable(rows.column(name), forms)
+        source = pc.fill_null_forward(pc.if_else(pc.or_(pc.invert(missing), fresh), index, pa.scalar(None, pa.int64())))
+        values = rows.column(name).combine_chunks().take(source)
+        # Still a placeholder after a delete of its key in this part: nothing holds its value.
+        lost = pc.and_(_unavailable(pa.chunked_array([values]), forms),
+                       pc.not_equal(segment_start, _key_start(starts)))
+        counts["unavailable"] += pc.sum(lost).as_py() or 0
+        values = pc.if_else(lost, pa.nulls(n, values.type), values)
+        rows = rows.set_column(rows.schema.get_field_index(name), name, values)
+    return rows
+
+
+def _key_start(starts: pa.Array) -> pa.Array:
+    """Row by row, the index of its key's first row."""
+    index = pa.array(range(len(starts)), pa.int64())
+    return pc.fill_null_forward(pc.if_else(starts, index, pa.scalar(None, pa.int64())))
 
 
 def _one_partition_per_key(rows: pa.Table, keys: tuple[str, ...], pipeline: str) -> None:
@@ -133,15 +251,20 @@ def _one_partition_per_key(rows: pa.Table, keys: tuple[str, ...], pipeline: str)
             key=str(key), partitions=partitions, offsets=[f"{t}/{p}:{o}" for t, p, o in events], keys=twice.num_rows)
 
 
-def _newer(a: pa.Table, b: pa.Table) -> pa.Array:
-    """Row by row, whether ``a``'s event comes after ``b``'s (``b``'s may be NULL: then True).
-    Order: the sequence, then the coordinates."""
-    names = [SEQUENCE_COLUMN, *ORDER]
+def _after(a: pa.Table, b: pa.Table, names: list[str]) -> pa.Array:
+    """Row by row, whether ``a``'s event comes after ``b``'s by ``names`` (lexicographic). A NULL
+    sequence (a row whose sequence an accepted change of sequence_by cleared) comes before any
+    number; NULL coordinates never appear where both are present."""
     result = pa.array([False] * a.num_rows, pa.bool_())
-    for name in reversed(names):  # lexicographic, built from the last column up
+    for name in reversed(names):  # built from the last column up
         x, y = a.column(name), b.column(name)
-        result = pc.or_(pc.greater(x, y), pc.and_(pc.equal(x, y), result))
-    return pc.fill_null(result, True)
+        if name == SEQUENCE_COLUMN:
+            greater = pc.if_else(pc.is_null(x), False, pc.if_else(pc.is_null(y), True, pc.greater(x, y)))
+            equal = pc.if_else(pc.is_null(x), pc.is_null(y), pc.fill_null(pc.equal(x, y), False))
+        else:
+            greater, equal = pc.fill_null(pc.greater(x, y), False), pc.fill_null(pc.equal(x, y), False)
+        result = pc.or_(greater, pc.and_(equal, result))
+    return result
 
 
 def _matched(latest: pa.Table, other: pa.Table, keys: tuple[str, ...], columns: list[str]) -> pa.Table:
@@ -151,7 +274,106 @@ def _matched(latest: pa.Table, other: pa.Table, keys: tuple[str, ...], columns: 
     left = latest.select(list(keys)).append_column("_row", pa.array(range(latest.num_rows), pa.int64()))
     right = other.select([*keys, *columns]).append_column("_present", pa.array([True] * other.num_rows, pa.bool_()))
     joined = left.join(right, list(keys), join_type="left outer").sort_by("_row")
-    return joined.select([*columns, "_present"])
+    present = pc.fill_null(joined.column("_present"), False)
+    return joined.select(columns).append_column("_present", present)
+
+
+def _where(mask: pa.Array, a: pa.Table, b: pa.Table, names: list[str]) -> pa.Table:
+    """Row by row, ``a``'s ``names`` where ``mask``, else ``b``'s."""
+    return pa.table({n: pc.if_else(mask, a.column(n), b.column(n)) for n in names})
+
+
+@dataclass
+class _Decision:
+    """What a sequenced part does to its keys: the change rows the main MERGE applies, the
+    deletes the tombstones table keeps, and the events' counts."""
+
+    changing: pa.Table
+    kept: pa.Table
+    counts: dict[str, int]
+
+
+def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertSpec) -> _Decision:
+    """Under sequence_by, per key of the part: its state is the latest of its part's last event,
+    the table's row and the delete the tombstones table holds (module docstring: order); a
+    tombstone of the part in the partition that state came from, at a later offset, deletes it
+    (the delete keeping the state's sequence and the tombstone's coordinates). The part's event
+    or tombstone that is that state decides the key; the others are stale, superseded (by a
+    tombstone of their partition after them) or tombstones (counted, not applied)."""
+    latest, marks, counts = changes.latest, changes.marks, dict(changes.counts)
+    keys, order = list(spec.keys), [SEQUENCE_COLUMN, *ORDER]
+    universe = pa.concat_tables([latest.select(keys), marks.select(keys).cast(latest.select(keys).schema)]) \
+        .group_by(keys).aggregate([])
+    like = latest.schema
+    event = _matched(universe, latest.append_column("_event", pa.array(range(latest.num_rows), pa.int64())), spec.keys,
+                     [*order, CHANGE_COLUMN, "_event"])
+    row = _matched(universe, _read(table, spec.keys, universe, order, like), spec.keys, order)
+    kept = _matched(universe, _read(held, spec.keys, universe, order, like), spec.keys, order)
+    # The state before the part's tombstones: the latest of the three (an event equal to a held
+    # delete is that delete, whose main commit did not land: the event stays the state).
+    names = [*order, "_present"]
+    state, source = event.select(names), pc.if_else(event.column("_present"), 0, -1)
+    for code, other in ((1, row), (2, kept)):
+        take = pc.and_(other.column("_present"), pc.or_(pc.invert(state.column("_present")),
+                                                        _after(other, state, order)))
+        state, source = _where(take, other, state, names), pc.if_else(take, code, source)
+    change = pc.fill_null(event.column(CHANGE_COLUMN), "")
+    upsert = pc.or_(pc.equal(source, 1), pc.and_(pc.equal(source, 0), pc.equal(change, "upsert")))
+    probe = universe.append_column(TOPIC_COLUMN, state.column(TOPIC_COLUMN)).append_column(
+        PARTITION_COLUMN, state.column(PARTITION_COLUMN))
+    mark = _matched(probe, marks.cast(pa.schema([like.field(n) for n in marks.column_names])),
+                    (*spec.keys, *ORDER[:2]), [OFFSET_COLUMN, TIMESTAMP_COLUMN])
+    later = pc.fill_null(pc.greater(mark.column(OFFSET_COLUMN), state.column(OFFSET_COLUMN)), False)
+    same = pc.fill_null(pc.equal(mark.column(OFFSET_COLUMN), state.column(OFFSET_COLUMN)), False)
+    by_mark = pc.or_(pc.and_(upsert, later), pc.and_(pc.equal(source, 2), same))  # the latter: its delete is held
+    by_event = pc.and_(pc.equal(source, 0), pc.invert(by_mark))
+    deletes = pc.or_(by_mark, pc.and_(by_event, pc.invert(upsert)))
+    upserts = pc.and_(by_event, upsert)
+    present = row.column("_present")
+    masks = {"inserted": pc.and_(upserts, pc.invert(present)), "updated": pc.and_(upserts, present),
+             "deleted": pc.and_(deletes, present), "noop_deletes": pc.and_(deletes, pc.invert(present))}
+    for name, mask in masks.items():
+        counts[name] = pc.sum(mask).as_py() or 0
+    left = pc.and_(event.column("_present"), pc.invert(by_event))
+    superseded = pc.and_(left, pc.and_(by_mark, pc.equal(source, 0)))
+    counts["superseded"] += pc.sum(superseded).as_py() or 0
+    counts["stale"] += pc.sum(pc.and_(left, pc.invert(superseded))).as_py() or 0
+    counts["tombstones"] += marks.num_rows - (pc.sum(by_mark).as_py() or 0)
+    # The main MERGE's rows: the deciding upserts whole, the deletes of rows the table holds by key.
+    chosen = pc.filter(event.column("_event"), upserts)
+    ups = latest.take(chosen)
+    if spec.placeholder is not None:
+        ups, counts["unavailable"] = _kept_values(ups, table, spec, counts["unavailable"])
+    gone = universe.filter(pc.and_(deletes, present))
+    loose = pa.schema([f.with_nullable(True) for f in like])  # a delete's row is its key alone
+    removed = pa.table({n: gone.column(n) if n in keys else pa.nulls(gone.num_rows, like.field(n).type)
+                        for n in like.names}).cast(loose)
+    removed = removed.set_column(like.get_field_index(CHANGE_COLUMN), CHANGE_COLUMN,
+                                 pa.array(["delete"] * gone.num_rows, pa.string()))
+    # The deletes kept: the state's sequence, the deciding event's or tombstone's coordinates.
+    at = {n: pc.if_else(by_mark, mark.column(n) if n in (OFFSET_COLUMN, TIMESTAMP_COLUMN) else state.column(n),
+                        _matched(universe, latest, spec.keys, [n]).column(n)) for n in (*ORDER, TIMESTAMP_COLUMN)}
+    kept_deletes = pa.table({**{k: universe.column(k) for k in keys}, SEQUENCE_COLUMN: state.column(SEQUENCE_COLUMN),
+                             **at}).filter(deletes)
+    return _Decision(pa.concat_tables([ups.cast(loose), removed]), kept_deletes, counts)
+
+
+def _kept_values(ups: pa.Table, table: DeltaTable, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
+    """``ups`` with each placeholder left (one in its key's first event of the part) taking the
+    value of the row the table holds; where it holds none, NULL, counted."""
+    columns = _placeheld(ups, spec)
+    masks = {name: _unavailable(ups.column(name), forms) for name, forms in columns.items()}
+    masks = {name: mask for name, mask in masks.items() if pc.any(mask).as_py()}
+    if not masks:
+        return ups, unavailable
+    needed = ups.filter(reduce(pc.or_, masks.values()))
+    stored = _matched(ups, _read(table, spec.keys, needed, list(masks), ups.schema), spec.keys, list(masks))
+    for name, mask in masks.items():
+        unknown = pc.and_(mask, pc.invert(stored.column("_present")))
+        unavailable += pc.sum(unknown).as_py() or 0
+        values = pc.if_else(mask, stored.column(name), ups.column(name))
+        ups = ups.set_column(ups.schema.get_field_index(name), name, values)
+    return ups, unavailable
 
 
 def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
@@ -162,40 +384,29 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     table = ledger.snapshot()
     if held(ledger, table, expected, new_positions):
         return CommitOutcome("already_committed", None), changes.counts
-    latest, counts = changes.latest, dict(changes.counts)
-    order = [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else list(ORDER)
-    if spec.sequenced and latest.num_rows:
-        theirs = _matched(latest, _read(tombstones.snapshot(), spec.keys, latest, order), spec.keys, order)
-        # An event equal to a held delete is that delete (its main commit did not land): not stale.
-        stale = pc.and_(pc.is_valid(theirs.column("_present")), _newer(theirs, latest))
-        counts["stale"] += pc.sum(stale).as_py() or 0
-        latest = latest.filter(pc.invert(stale))
-    # Without a sequence only whether the table holds the key matters: its order is not read.
-    compared = order if spec.sequenced else []
-    theirs = _matched(latest, _read(table, spec.keys, latest, compared), spec.keys, compared)
-    present = pc.is_valid(theirs.column("_present"))
-    # Without a sequence, the positions order the parts: an event of a later part is newer.
-    stale = (pc.and_(present, pc.invert(_newer(latest, theirs))) if spec.sequenced
-             else pa.array([False] * latest.num_rows, pa.bool_()))
-    upserts, deletes = pc.equal(latest.column(CHANGE_COLUMN), "upsert"), pc.equal(latest.column(CHANGE_COLUMN), "delete")
-    live = pc.invert(stale)
-    expect = {
-        "inserted": pc.and_(live, pc.and_(upserts, pc.invert(present))),
-        "updated": pc.and_(live, pc.and_(upserts, present)),
-        "deleted": pc.and_(live, pc.and_(deletes, present)),
-        "noop_deletes": pc.and_(live, pc.and_(deletes, pc.invert(present))),
-    }
-    counts["stale"] += pc.sum(stale).as_py() or 0
-    for name, mask in expect.items():
-        counts[name] = pc.sum(mask).as_py() or 0
-    changing = latest.filter(pc.or_(pc.or_(expect["inserted"], expect["updated"]), expect["deleted"]))
-    counts_record = replace(record, records={**record.records, **counts})
     if spec.sequenced:
-        kept = latest.filter(pc.or_(expect["deleted"], expect["noop_deletes"])).select(
-            [*spec.keys, *order, TIMESTAMP_COLUMN])
-        if kept.num_rows:
-            _keep_deletes(tombstones, kept, new_positions, partitions, counts_record)
-            crashpoints.reach("tombstones_committed")
+        decision = _decide(changes, table, tombstones.snapshot(), spec)
+        changing, counts = decision.changing, decision.counts
+    else:
+        # Without a sequence, the positions order the parts: an event of a later part is newer,
+        # and only whether the table holds the key matters.
+        latest, counts = changes.latest, dict(changes.counts)
+        present = _matched(latest, _read(table, spec.keys, latest, [], latest.schema), spec.keys, []).column("_present")
+        upserts, deletes = (pc.equal(latest.column(CHANGE_COLUMN), c) for c in ("upsert", "delete"))
+        masks = {"inserted": pc.and_(upserts, pc.invert(present)), "updated": pc.and_(upserts, present),
+                 "deleted": pc.and_(deletes, present), "noop_deletes": pc.and_(deletes, pc.invert(present))}
+        for name, mask in masks.items():
+            counts[name] = pc.sum(mask).as_py() or 0
+        changing = latest.filter(pc.or_(pc.or_(masks["inserted"], masks["updated"]), masks["deleted"]))
+        if spec.placeholder is not None:
+            ups = changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "upsert"))
+            ups, counts["unavailable"] = _kept_values(ups, table, spec, counts["unavailable"])
+            changing = pa.concat_tables([ups, changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "delete"))])
+    counts_record = replace(record, records={**record.records, **counts},
+                            stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))
+    if spec.sequenced and decision.kept.num_rows:
+        _keep_deletes(tombstones, decision.kept, new_positions, partitions, counts_record)
+        crashpoints.reach("tombstones_committed")
     outcome, metrics = merge(ledger, table, changing, _on_keys(spec.keys), _main_clauses, expected, new_positions,
                              partitions, counts_record, MERGE_MEMORY_BYTES)
     if outcome.status == "committed" and metrics:  # none when a retried commit was found to be ours
@@ -218,12 +429,12 @@ def _main_clauses(merger):
             .when_not_matched_insert_all(predicate=f"s.{CHANGE_COLUMN} = 'upsert'", except_cols=[CHANGE_COLUMN]))
 
 
-def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: list[str]) -> pa.Table:
-    """The table's keys and ``columns`` of the keys in ``latest``, batch by batch (only the matches
-    are kept). Not through a pushed-down filter: pyarrow prunes by the files' statistics, which
+def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: list[str], like: pa.Schema) -> pa.Table:
+    """The table's keys and ``columns`` (typed as in ``like``) of the keys in ``latest``, batch by
+    batch (only the matches are kept). Not through a pushed-down filter: pyarrow prunes by the files' statistics, which
     delta-rs writes truncated for long strings (the filter then fails on every run)."""
     wanted = [*keys, *columns]
-    schema = pa.schema([pa.field(n, latest.schema.field(n).type) for n in wanted])
+    schema = pa.schema([pa.field(n, like.field(n).type) for n in wanted])
     if not latest.num_rows:
         return schema.empty_table()
     probe = latest.select(list(keys))
@@ -272,4 +483,4 @@ def _newer_sql() -> list[str]:
     return [f"({t})" for t in terms]
 
 
-__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "reduce_changes"]
+__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]

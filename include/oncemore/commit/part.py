@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.inputs import RangeResult, changes_uri
-from oncemore.commit.merge import Changes, UpsertSpec, apply, reduce_changes
+from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
 from oncemore.core import crashpoints
 from oncemore.core.columns import CHANGE_COLUMN, QUARANTINE_SCHEMA
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
@@ -207,9 +207,10 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
                                      record, storage_options)
             records.update(counts)
     crashpoints.reach("main_committed")
-    log.info("pipeline %s: batch %d %s %s (%d written, %d quarantined, %d filtered)", part.pipeline, part.batch_seq,
-             outcome.status, ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())),
-             records["written"], records["quarantined"], records["filtered"])
+    counted = (describe_counts(records) if part.upsert is not None else
+               f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered")
+    log.info("pipeline %s: batch %d %s %s (%s)", part.pipeline, part.batch_seq, outcome.status,
+             ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), counted)
     return outcome_of(outcome.status, outcome.version, quarantine_version, record.bytes_read)
 
 

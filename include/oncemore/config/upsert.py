@@ -22,8 +22,9 @@ class Upsert(BaseModel):
     ``envelope: debezium``: the value is Debezium's envelope and ``format`` describes its row
     (``before``/``after``; a registry schema is the envelope's, the row its ``after`` type): ops c, r
     and u upsert ``after``, d deletes, t fails the run. ``envelope: none``: the value is the row. A
-    null value (a tombstone) deletes its key in offset order; under ``sequence_by`` it is Kafka's
-    compaction marker only, counted and not applied."""
+    null value (a tombstone) deletes its key in offset order; under ``sequence_by`` it deletes its
+    key when the key's row came from the tombstone's partition at a lower offset. A column holding
+    ``unavailable_value_placeholder`` (a value Debezium did not send) keeps the value held."""
 
     keys: tuple[StrictStr, ...] = Field(min_length=1, description="the table's key columns (row columns; for a "
                                                                    "record with no row, the Kafka key's fields)")
@@ -34,8 +35,13 @@ class Upsert(BaseModel):
     delete_when: StrictStr | None = Field(default=None, description="envelope none: a Spark SQL predicate marking "
                                                                     "rows that are deletes, e.g. \"__deleted = 'true'\"")
     tombstone_retention_hours: Positive = Field(
-        default=168, description="under sequence_by, how long a delete is kept against late events (oncemore "
-                                 "maintain forgets older ones)")
+        default=168, description="under sequence_by, how long a delete is kept against late events, in the "
+                                 "stream's time (oncemore maintain forgets older ones)")
+    unavailable_value_placeholder: StrictStr | None = Field(
+        default="__debezium_unavailable_value",
+        description="the value a change event carries for a column it did not send (Debezium's "
+                    "unavailable.value.placeholder: an unchanged TOASTed column); the key's value held is kept. "
+                    "null: no value is a placeholder")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Upsert":

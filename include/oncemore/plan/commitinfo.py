@@ -10,7 +10,9 @@ duration_ms; 4 the commit also states the identity and owner txns (ledger.Claims
 topics: ``topic_ids`` {topic: ID} instead of topic/topic_id, ``log_end`` and reset positions per
 topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (rows failing each);
 6 ``profile``: milliseconds per phase of the work before the commit (core/stopwatch.py); 7 ``deletion``:
-rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets.
+rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets; 8
+``stream_ms``: per partition of an upsert batch, the greatest Kafka timestamp of its change events
+(the stream's time ``oncemore maintain`` measures tombstone retention in).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from oncemore import __version__
 from oncemore.core.coordinates import KafkaPartition, flat
 
 METADATA_KEY = "oncemore"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
 
@@ -78,6 +80,7 @@ class CommitInfo:
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} (core/stopwatch.py)
     reset: Reset | None = None
     deletion: Deletion | None = None
+    stream_ms: Nested = field(default_factory=dict)  # {topic: {partition: ms}}: upserts, the greatest Kafka timestamp read
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 

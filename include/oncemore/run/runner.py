@@ -199,7 +199,8 @@ class _Run:
         if upsert is None:
             return None
         keys = tuple(key_columns(self.prepared.table_schema, upsert.keys))
-        return UpsertSpec(keys, upsert.sequence_by is not None, self.pipeline.sink.tombstones_uri)
+        return UpsertSpec(keys, upsert.sequence_by is not None, self.pipeline.sink.tombstones_uri,
+                          upsert.unavailable_value_placeholder)
 
     def _account(self, part: PartPlan, outcome: PartOutcome, report: BatchReport) -> None:
         """The part's outcome in the batch's report, the consumer group and the run's progress."""
@@ -212,6 +213,11 @@ class _Run:
             report.status = "committed"
             report.written += outcome.records["written"]
             report.quarantined += outcome.records["quarantined"]
+            if self.pipeline.upsert is not None:
+                report.events = report.events or {}
+                for name, count in outcome.records.items():
+                    if name not in ("written", "quarantined"):
+                        report.events[name] = report.events.get(name, 0) + count
             report.versions.append(outcome.version)
             if self.pipeline.commit_consumer_group:
                 held = self.main.positions(self.plan.bounds)

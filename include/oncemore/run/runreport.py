@@ -1,6 +1,6 @@
 """What a run did, as the run returns it to its caller (the CLI's last line, the Airflow task's XCom):
-per batch, whether one of its commits was this run's, the records written and quarantined, and the
-table versions it made.
+per batch, whether one of its commits was this run's, the records written and quarantined (for an
+upsert, what its events did: inserted, updated, deleted, stale, ...), and the table versions it made.
 
 Invariant: a run is "committed" only when a commit of its own landed; a run that found its plan
 already held is a "no-op", whatever another run committed meanwhile.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oncemore.commit.merge import describe_counts
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.plan.planner import Plan
 
@@ -21,6 +22,7 @@ class BatchReport:
     status: str = "already_committed"  # "committed" once one of its commits is ours
     written: int = 0
     quarantined: int = 0
+    events: dict[str, int] | None = None  # an upsert's counts (merge.COUNTS and the others), summed over its parts
     versions: list[int] = field(default_factory=list)
     quarantine_versions: list[int] = field(default_factory=list)
 
@@ -51,7 +53,13 @@ class RunReport:
             why = "nothing new to ingest" if self.plan.is_empty else "the table already holds this plan"
             return f"{self.pipeline}: no-op ({why}) in {self.seconds:.1f}s"
         committed = [b for b in self.batches if b.status == "committed"]
-        return (
-            f"{self.pipeline}: committed {len(committed)} batch(es), {self.written} records written, "
-            f"{self.quarantined} quarantined, table version {max(committed[-1].versions)}, in {self.seconds:.1f}s"
-        )
+        if any(b.events is not None for b in committed):
+            events: dict[str, int] = {}
+            for batch in committed:
+                for name, count in (batch.events or {}).items():
+                    events[name] = events.get(name, 0) + count
+            done = describe_counts({**events, "quarantined": self.quarantined})
+        else:
+            done = f"{self.written} records written, {self.quarantined} quarantined"
+        return (f"{self.pipeline}: committed {len(committed)} batch(es), {done}, table version "
+                f"{max(committed[-1].versions)}, in {self.seconds:.1f}s")
