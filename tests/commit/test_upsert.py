@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -297,3 +298,82 @@ def test_a_value_field_named_key_is_a_row_column_when_the_pipeline_reads_no_kafk
     run(pipeline, spark_factory=lambda: spark)
     assert table_state(pipeline.sink.table_uri, ("key",)).keys() == {("k1",), ("k2",)}
     assert query(pipeline.sink.table_uri, "SELECT key, v FROM {table} ORDER BY key") == [("k1", 2), ("k2", 3)]
+
+
+def test_on_a_compacted_topic_a_tombstone_whose_d_the_cleaner_removed_deletes_the_row(spark, broker, make_pipeline):
+    """The issue's case: c(1) ingested; d(1) and its tombstone produced; the cleaner compacts the d
+    away (well within delete.retention.ms) before the next run. The tombstone deletes the row (it
+    came from the tombstone's partition at a lower offset), and verify --replay agrees; a table
+    that kept the row is named."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    from deltalake import write_deltalake
+
+    from oncemore.report.verify import verify
+
+    topic = f"compacted_{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, 1, {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                                   "min.compaction.lag.ms": "0"})  # tombstones kept a day, as by default
+    row = lambda i, name: {"id": i, "name": name, "balance": i}  # noqa: E731
+    broker.produce(topic, [(0, key(1), envelope("c", row(1, "one"), lsn=10), None),
+                           (0, key(2), envelope("c", row(2, "two"), lsn=11), None)])
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    run(pipeline, spark_factory=lambda: spark)
+    first = read_back(broker.bootstrap_servers, topic)
+    kept = table_state(pipeline.sink.table_uri)[(1,)]
+    broker.produce(topic, [(0, key(1), envelope("d", before=row(1, "one"), lsn=20), None), (0, key(1), None, None),
+                           (0, key(2), envelope("u", row(2, "two-b"), lsn=21), None)])
+    deadline = time.monotonic() + 60
+    while any(v is not None and json.loads(v)["op"] == "d" for *_, v in read_back(broker.bootstrap_servers, topic)):
+        assert time.monotonic() < deadline, "the cleaner did not remove the d"
+        broker.produce(topic, [(0, b'{"id": 1000}', None, None)])  # rolls the active segment (a tombstone)
+        time.sleep(0.5)
+    for done in broker.admin().incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=[
+            ConfigEntry("min.compaction.lag.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])]).values():
+        done.result(timeout=30)
+    time.sleep(2)  # a cleaning under way ends
+    later = [r for r in read_back(broker.bootstrap_servers, topic) if r[2] > first[-1][2]]
+    assert [r[4] for r in later if r[3] == key(1)] == [None], "only the tombstone of key 1 is left"
+
+    run(pipeline, spark_factory=lambda: spark)
+
+    expected = fold(first + later, "debezium", ("id",), sequence=lambda value: value["source"]["lsn"])
+    found = table_state(pipeline.sink.table_uri)
+    assert set(found) == set(expected) == {(2,)}
+    assert all({c: found[k][c] for c in r} == r for k, r in expected.items())
+    last = oncemore_commits(pipeline.sink.table_uri)[-1][1].records
+    assert last["deleted"] == 1 and last["updated"] == 1, last
+    held = DeltaTable(pipeline.sink.tombstones_uri).to_pyarrow_table().to_pylist()
+    tombstone = next(r for r in later if r[3] == key(1))
+    assert [(r["id"], r["_sequence"], r["_kafka_offset"]) for r in held] == [(1, 10, tombstone[2])]
+    assert verify(pipeline, lambda: spark, replay=True).ok
+
+    # A table that kept the row (as before this rule) is named by the replay.
+    DeltaTable(pipeline.sink.tombstones_uri).delete()
+    write_deltalake(pipeline.sink.table_uri, pa.Table.from_pylist(
+        [kept], schema=pa.schema(DeltaTable(pipeline.sink.table_uri).schema().to_arrow())), mode="append")
+    wrong = verify(pipeline, lambda: spark, replay=True)
+    assert not wrong.ok and wrong.counts == {"replay": 1}, wrong.describe()
+    assert wrong.discrepancies[0].detail.startswith("key {'id': 1}: the table holds a row (from this event) that the "
+                                                    f"replay does not: the replay deletes the key ({topic}/0 offset "
+                                                    f"{tombstone[2]})"), wrong.discrepancies[0].detail
+
+
+def test_envelope_none_under_a_sequence_deletes_by_tombstone(spark, broker, topic, make_pipeline):
+    """With the old rule nothing could delete here (no delete_when, tombstones ignored)."""
+    value = lambda i, version: json.dumps({"id": i, "name": f"v{version}", "balance": version}).encode()  # noqa: E731
+    broker.produce(topic, [(0, key(1), value(1, 1), None), (0, key(1), None, None),  # deleted
+                           (0, key(2), value(2, 5), None), (1, key(2), None, None),  # another partition: stays
+                           (0, key(3), value(3, 7), None), (0, key(3), None, None),
+                           (1, key(3), value(3, 6), None)])  # older than the deleted row
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": ROW}, upsert={"keys": ["id"], "sequence_by": "balance"})
+    run(pipeline, spark_factory=lambda: spark)
+    records = read_back(broker.bootstrap_servers, topic)
+    expected = fold(records, "none", ("id",), sequence=lambda v: v["balance"])
+    found = table_state(pipeline.sink.table_uri)
+    assert set(found) == set(expected) == {(2,)}
+    assert all({c: found[k][c] for c in r} == r for k, r in expected.items())
+    last = oncemore_commits(pipeline.sink.table_uri)[-1][1].records
+    assert {k: last[k] for k in ("inserted", "noop_deletes", "superseded", "tombstones")} == {
+        "inserted": 1, "noop_deletes": 2, "superseded": 3, "tombstones": 1}, last
+    accounted(pipeline)

@@ -4,7 +4,7 @@ committed ranges again and names a row another tool changed, holds a late event 
 the rows of commits the log no longer keeps and the deletes the tombstones table holds, compares
 a row with the schema its commit wrote, and refuses by name what Kafka no longer holds;
 ``status`` and the oncemore page show each batch's inserted, updated, deleted and stale;
-``maintain`` forgets tombstones past their retention."""
+``maintain`` forgets tombstones past their retention in the stream's time."""
 
 from __future__ import annotations
 
@@ -327,27 +327,44 @@ def test_status_and_the_oncemore_page_show_what_each_batch_did(spark, broker, to
     assert "<th>written</th><th>quarantined</th>" in page and "inserted" not in page
 
 
-def test_maintain_forgets_tombstones_past_their_retention_and_maintains_the_table(make_pipeline, topic):
-    from oncemore.ops.maintain import maintain
+def test_maintain_forgets_tombstones_by_the_streams_time_not_the_wall_clock(spark, broker, topic, make_pipeline):
+    """The issue's outage: retention 1 h; ingestion stops two hours (of wall clock) short of the
+    log's end; maintain keeps the delete, whose Kafka time the committed progress has not left an
+    hour behind; the late, older update is then stale. Once the stream's time is an hour past
+    the delete, maintain forgets it, and compacts the tombstones table."""
+    from oncemore.config.values import OffsetBound
+    from oncemore.ops.maintain import maintain, stream_time_ms
 
-    upsert = {"keys": ["id"], "envelope": "debezium", "sequence_by": "source.lsn", "tombstone_retention_hours": 24}
+    upsert = {"keys": ["id"], "envelope": "debezium", "sequence_by": "source.lsn", "tombstone_retention_hours": 1}
     pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
                              format={"type": "json", "schema": ROW}, upsert=upsert)
-    now = datetime.now(timezone.utc)
-    rows = pa.table({"id": [1, 2, 3], "_sequence": [Decimal(10), Decimal(20), Decimal(30)], "_kafka_topic": [topic] * 3,
-                     "_kafka_partition": [0, 1, 2], "_kafka_offset": [5, 6, 7], "_kafka_timestamp": [None] * 3,
-                     "_deleted_at": [now - timedelta(hours=25), now - timedelta(hours=23), now]},
-                    schema=tombstones_schema(pa.schema([pa.field("id", pa.int64())])))
-    for row in range(3):  # a file per delete, for compaction to join
-        write_deltalake(pipeline.sink.tombstones_uri, rows.slice(row, 1), mode="append")
+    start = int(datetime.now(timezone.utc).timestamp() * 1000) - 10 * 3_600_000
+    minute = 60_000
+    encoded = lambda event: json.dumps(event.value).encode() if event.value is not None else None  # noqa: E731
+    records = [(0, b'{"id": 1}', encoded(change(1, "c", 10)), start), (1, b'{"id": 2}', encoded(change(2, "c", 11)), start),
+               (0, b'{"id": 1}', encoded(change(1, "d", 30)), start + 10 * minute), (0, b'{"id": 1}', None, start + 10 * minute),
+               (1, b'{"id": 2}', encoded(change(2, "u", 40)), start + 20 * minute),
+               # the outage: what ingestion has not reached yet (an hour past the delete, in Kafka's time)
+               (0, b'{"id": 3}', encoded(change(3, "c", 50)), start + 80 * minute),
+               (1, b'{"id": 1}', encoded(change(1, "u", 20, name="late")), start + 90 * minute)]  # older than the delete
+    broker.produce(topic, records)
+    bound = datetime.fromtimestamp((start + 30 * minute) / 1000, timezone.utc).isoformat()
+    run(pipeline, until=OffsetBound.parse(bound), spark_factory=lambda: spark)
+    uri = pipeline.sink.tombstones_uri
+    assert stream_time_ms(pipeline) == start + 10 * minute  # partition 0's; partition 1 reached 20 minutes
+    # Two hours pass with no commit: the delete was applied two hours ago by the wall clock.
+    DeltaTable(uri).update(updates={"_deleted_at": f"'{(datetime.now(timezone.utc) - timedelta(hours=2)).isoformat()}'"})
 
-    done = maintain(pipeline)
-
-    tombstones = done["tables"]["tombstones"]
-    assert tombstones["status"] == "maintained" and tombstones["tombstones_forgotten"] == 1, done
-    assert tombstones["files_added"] == 1 and tombstones["files_removed"] == 2
-    assert sorted(DeltaTable(pipeline.sink.tombstones_uri).to_pyarrow_table()["id"].to_pylist()) == [2, 3]
-    assert done["tables"]["main"]["status"] == "no table yet"
     assert maintain(pipeline)["tables"]["tombstones"]["tombstones_forgotten"] == 0
+    run(pipeline, spark_factory=lambda: spark)  # the outage ends: the late update is stale
+    expected = fold(read_back(broker.bootstrap_servers, topic), sequence=lsn)
+    assert set(table_state(pipeline.sink.table_uri)) == set(expected) == {(2,), (3,)}
+    assert oncemore_commits(pipeline.sink.table_uri)[-1][1].records["stale"] == 1
+
+    # Caught up: the stream's time is the commit's, ten hours past the delete.
+    done = maintain(pipeline)
+    assert done["tables"]["tombstones"]["tombstones_forgotten"] == 1, done
+    assert done["tables"]["tombstones"]["status"] == "maintained"
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 0
     without = debezium(make_pipeline, topic)  # no sequence_by: no tombstones table
     assert set(maintain(without)["tables"]) == {"main", "quarantine"}

@@ -1,8 +1,9 @@
 """Table upkeep (``oncemore maintain``): compaction of small files, a checkpoint, and vacuum, for a
 pipeline's main and quarantine tables (and an upsert's tombstones table, under sequence_by), by
 delta-rs's own operations; and the staging directories runs left behind (staging.py), older than
-the same retention. The tombstones table first forgets the deletes applied (``_deleted_at``) more
-than ``upsert.tombstone_retention_hours`` ago: a delete holds against late events that long.
+the same retention. The tombstones table first forgets the deletes older than
+``upsert.tombstone_retention_hours`` in the stream's time (stream_time_ms): a delete holds against
+late events that long, however long ingestion paused.
 
 Invariants: the ledger survives (compaction rewrites data files with dataChange=false and never
 touches txn actions; a checkpoint carries them), it runs beside ingestion (compaction commits
@@ -26,9 +27,10 @@ from deltalake.exceptions import CommitFailedError
 
 from oncemore.config.model import Maintenance, Pipeline
 from oncemore.core import crashpoints
-from oncemore.core.columns import DELETED_AT_FIELD
+from oncemore.core.columns import DELETED_AT_FIELD, TIMESTAMP_COLUMN
+from oncemore.core.coordinates import KafkaPartition, flat
 from oncemore.core.errors import CommitConflict
-from oncemore.plan.ledger import open_table
+from oncemore.plan.ledger import Ledger, open_table
 from oncemore.run.staging import remove_stale
 
 log = logging.getLogger("oncemore")
@@ -72,14 +74,45 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
     return {"pipeline": pipeline.name, "tables": done}
 
 
+def stream_time_ms(pipeline: Pipeline) -> int | None:
+    """The stream's time: how far the pipeline's committed progress reaches, in Kafka's timestamps.
+    Per partition, its newest commit's greatest timestamp read (``stream_ms``; the commit's time
+    where that commit reached the partition's log end, where a later record can only be newer;
+    the commit's time for a commit of a format before stream_ms); the slowest partition bounds
+    it. None: no commit of the pipeline in the log (nothing is forgotten)."""
+    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
+    table = ledger.snapshot()
+    if table is None:
+        return None
+    times: dict[KafkaPartition, int] = {}
+    for entry in ledger.recent_batches(None, table):  # newest first
+        record = entry.record
+        read, ends = flat(record.stream_ms), flat(record.log_end)
+        for partition, (_, end) in record.partition_ranges().items():
+            if partition in times:
+                continue
+            caught_up = partition in ends and end >= ends[partition]
+            if partition in read:
+                times[partition] = max(read[partition], entry.timestamp_ms) if caught_up else read[partition]
+            elif caught_up or record.format_version < 8:
+                times[partition] = entry.timestamp_ms
+            # else: this commit read no change event of it (all quarantined): an older one says
+    return min(times.values()) if times else None
+
+
 def forget_tombstones(pipeline: Pipeline, table) -> int:
-    """Deletes the rows of the tombstones ``table`` applied more than the pipeline's
-    ``upsert.tombstone_retention_hours`` ago; how many."""
+    """Deletes the rows of the tombstones ``table`` whose delete (its Kafka timestamp; when it
+    has none, when it was applied) is more than the pipeline's ``upsert.tombstone_retention_hours``
+    older than the stream's time (stream_time_ms); how many."""
     hours = pipeline.upsert.tombstone_retention_hours
-    cutoff = datetime.now(timezone.utc) - timedelta(hours=hours)
+    now = stream_time_ms(pipeline)
+    if now is None:
+        return 0
+    cutoff = datetime.fromtimestamp(now / 1000, timezone.utc) - timedelta(hours=hours)
+    older = f"coalesce({TIMESTAMP_COLUMN}, {DELETED_AT_FIELD.name}) < '{cutoff.isoformat()}'"
     for _ in range(ATTEMPTS):
         try:
-            return table.delete(f"{DELETED_AT_FIELD.name} < '{cutoff.isoformat()}'").get("num_deleted_rows", 0)
+            return table.delete(older).get("num_deleted_rows", 0)
         except CommitFailedError:  # nothing of ours landed
             read_version = table.version()
             table.update_incremental()
