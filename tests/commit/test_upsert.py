@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from conftest import oncemore_commits, query
+from conftest import oncemore, oncemore_commits, query
 from devtools.changefeed import debezium_events, fold, produce, project, read_back, source_state, table_state
-from oncemore.commit.merge import COUNTS, KeyInTwoPartitions
+from oncemore.commit.merge import COUNTS, KeyInTwoPartitions, SequenceChanged
 from oncemore.run.runner import run
 
 ROW = "id BIGINT, name STRING, balance BIGINT"
@@ -46,6 +46,8 @@ def accounted(pipeline, gapless: bool = True) -> int:
     them holds one; a compacted topic's do not); returns the records the commits account for."""
     total = 0
     for _, record in oncemore_commits(pipeline.sink.table_uri):
+        if not record.ranges:  # a resequence's
+            continue
         counts = record.records
         read = sum(e - s for partitions in record.ranges.values() for s, e in partitions.values())
         assert counts["written"] == sum(counts[c] for c in COUNTS), counts
@@ -377,3 +379,58 @@ def test_envelope_none_under_a_sequence_deletes_by_tombstone(spark, broker, topi
     assert {k: last[k] for k in ("inserted", "noop_deletes", "superseded", "tombstones")} == {
         "inserted": 1, "noop_deletes": 2, "superseded": 3, "tombstones": 1}, last
     accounted(pipeline)
+
+
+def test_a_changed_sequence_by_is_refused_until_resequence_accepts_it(spark, broker, topic, make_pipeline):
+    """The issue's switch from source.ts_ms to source.lsn (whose numbers are smaller): refused,
+    naming both, before anything is committed; `oncemore resequence` clears the rows' sequences
+    and the held deletes, after which each key's next event wins; verify --replay weighs the rows
+    of before the change as the table holds them. A table ordered by offsets that gains a
+    sequence is refused the same way."""
+    from oncemore.report.verify import verify
+
+    def event(op, i, name, lsn, ts):
+        image = {"id": i, "name": name, "balance": i}
+        return json.dumps({"before": image if op == "d" else None, "after": None if op == "d" else image, "op": op,
+                           "ts_ms": ts, "source": {"lsn": lsn, "ts_ms": ts}}).encode()
+
+    broker.produce(topic, [(0, key(1), event("c", 1, "one", 100, 1_790_000_000_000), None),
+                           (0, key(2), event("c", 2, "two", 101, 1_790_000_000_001), None),
+                           (0, key(2), event("d", 2, "two", 102, 1_790_000_000_002), None)])
+    by_time = debezium(make_pipeline, topic, sequence_by="source.ts_ms")
+    run(by_time, spark_factory=lambda: spark)
+    assert DeltaTable(by_time.sink.table_uri).metadata().configuration["oncemore.upsert.sequence_by"] == "source.ts_ms"
+    broker.produce(topic, [(0, key(1), event("u", 1, "one-b", 200, 1_790_000_000_100), None),
+                           (0, key(2), event("c", 2, "two-again", 201, 1_790_000_000_101), None)])
+    by_lsn = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    before = len(oncemore_commits(by_lsn.sink.table_uri))
+    with pytest.raises(SequenceChanged, match=r"pipeline accounts: table .* was ordered by sequence_by "
+                                              r"'source.ts_ms', the pipeline says sequence_by 'source.lsn'"):
+        run(by_lsn, spark_factory=lambda: spark)
+    assert len(oncemore_commits(by_lsn.sink.table_uri)) == before
+    said = oncemore("run", "--config", by_lsn.origin)
+    assert said.returncode == 1 and "'source.ts_ms'" in said.stderr and "'source.lsn'" in said.stderr, said.stderr
+
+    done = oncemore("resequence", "--config", by_lsn.origin)
+    assert done.returncode == 0, done.stderr
+    assert "resequenced from 'source.ts_ms' to 'source.lsn': 1 rows' sequences cleared, 1 deletes forgotten" in \
+        done.stdout, done.stdout
+    assert oncemore("resequence", "--config", by_lsn.origin).stdout.endswith("nothing to do\n")
+    assert [r["_sequence"] for r in DeltaTable(by_lsn.sink.table_uri).to_pyarrow_table().to_pylist()] == [None]
+    report = run(by_lsn, spark_factory=lambda: spark)
+    assert {k[0]: r["name"] for k, r in table_state(by_lsn.sink.table_uri).items()} == {1: "one-b", 2: "two-again"}
+    assert {k: report.batches[0].events[k] for k in ("inserted", "updated", "stale")} == {
+        "inserted": 1, "updated": 1, "stale": 0}
+    assert "1 inserted, 1 updated, 0 deleted, 0 stale" in report.summary()
+    assert verify(by_lsn, lambda: spark, replay=True).ok
+
+    offsets = make_pipeline(topic, name="by_offsets", key={"type": "json", "schema": "id BIGINT"},
+                            format={"type": "json", "schema": ROW}, upsert={"keys": ["id"], "envelope": "debezium"})
+    run(offsets, spark_factory=lambda: spark)
+    sequenced = make_pipeline(topic, name="by_offsets", key={"type": "json", "schema": "id BIGINT"},
+                              format={"type": "json", "schema": ROW},
+                              upsert={"keys": ["id"], "envelope": "debezium", "sequence_by": "source.lsn"})
+    broker.produce(topic, [(0, key(3), event("c", 3, "three", 300, 1_790_000_000_200), None)])
+    with pytest.raises(SequenceChanged, match="was ordered by no sequence_by .*, the pipeline says sequence_by "
+                                              "'source.lsn'"):
+        run(sequenced, spark_factory=lambda: spark)

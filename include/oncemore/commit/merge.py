@@ -43,6 +43,7 @@ from oncemore.core.columns import (
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
+    SEQUENCE_PROPERTY,
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
@@ -64,6 +65,34 @@ class KeyInTwoPartitions(OncemoreError):
     """Without sequence_by, one key's events came from two partitions: their order is undefined."""
 
 
+class SequenceChanged(OncemoreError):
+    """The table's sequences were computed with another upsert.sequence_by than the pipeline's."""
+
+
+def check_sequence(pipeline: str, table_uri: str, table: DeltaTable | None, sequence_by: str | None) -> None:
+    """SequenceChanged unless ``table`` (None: none yet) was ordered by ``sequence_by``: its
+    SEQUENCE_PROPERTY, or for a table older than it, whether it has a sequence column."""
+    if table is None:
+        return
+    wanted = sequence_by or ""
+    recorded = table.metadata().configuration.get(SEQUENCE_PROPERTY)
+    if recorded is None:  # a table made before the expression was recorded
+        had = SEQUENCE_COLUMN in pa.schema(table.schema().to_arrow()).names
+        if had == bool(wanted):
+            return
+        recorded_text = "a sequence_by (a _sequence column)" if had else "no sequence_by (Kafka's offsets)"
+    elif recorded == wanted:
+        return
+    else:
+        recorded_text = f"sequence_by {recorded!r}" if recorded else "no sequence_by (Kafka's offsets)"
+    wanted_text = f"sequence_by {wanted!r}" if wanted else "no sequence_by"
+    raise SequenceChanged(
+        f"pipeline {pipeline}: table {table_uri} was ordered by {recorded_text}, the pipeline says {wanted_text}: "
+        "the rows and deletes it holds would be compared with sequences of another meaning; nothing was "
+        "committed. `oncemore resequence` accepts the change (the rows held then lose to any later event)",
+        pipeline=pipeline, table_uri=table_uri, recorded=recorded, sequence_by=wanted)
+
+
 class MergeMiscount(OncemoreError):
     """delta-rs's MERGE changed other rows than the classification said (after its commit landed)."""
 
@@ -75,7 +104,8 @@ class UpsertSpec:
     keys: tuple[str, ...]  # as the table names them
     sequenced: bool
     tombstones_uri: str | None
-    placeholder: str | None = None  # upsert.unavailable_value_placeholder: a column value that is not sent
+    placeholder: str | None = None
+    sequence_by: str | None = None  # the expression, checked against the table's record at each commit  # upsert.unavailable_value_placeholder: a column value that is not sent
 
 
 @dataclass
@@ -384,6 +414,8 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     table = ledger.snapshot()
     if held(ledger, table, expected, new_positions):
         return CommitOutcome("already_committed", None), changes.counts
+    if spec.sequence_by is not None or not spec.sequenced:  # a resequence may have landed since the run began
+        check_sequence(pipeline, ledger.table_uri, table, spec.sequence_by)
     if spec.sequenced:
         decision = _decide(changes, table, tombstones.snapshot(), spec)
         changing, counts = decision.changing, decision.counts
@@ -483,4 +515,4 @@ def _newer_sql() -> list[str]:
     return [f"({t})" for t in terms]
 
 
-__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]
+__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "SequenceChanged", "check_sequence", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]

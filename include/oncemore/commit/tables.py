@@ -28,7 +28,8 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 from oncemore.commit.evolution import arrow_schema, evolve, spark_schema
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import QUARANTINE_SCHEMA, SchemaError, key_columns, tombstones_schema
+from oncemore.commit.merge import check_sequence
+from oncemore.core.columns import QUARANTINE_SCHEMA, SEQUENCE_PROPERTY, SchemaError, key_columns, tombstones_schema
 from oncemore.core.errors import InvalidDataFile, OncemoreError, TableLocationError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.plan.ledger import open_table
@@ -60,7 +61,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
                 raise
         else:
             if unseen:
-                _add_columns(table, [f for f in columns if f.name in unseen])
+                add_columns(table, [f for f in columns if f.name in unseen])
     check_writable(table, table_uri)
     _declare_invariants(table, location, options)
     check_partitioning(table, table_uri, partition_by)
@@ -71,7 +72,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             return arrow_schema(merged)
         changed = {f.name for f in merged.fields} - {f.name for f in current.fields if f in merged.fields}
         try:
-            _add_columns(table, [f for f in merged.fields if f.name in changed])
+            add_columns(table, [f for f in merged.fields if f.name in changed])
             _declare_invariants(table, location, options)  # the columns may have raised its protocol to 7
             log.info("table %s: added %s", table_uri, ", ".join(added))
             return arrow_schema(merged)
@@ -82,7 +83,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
     raise AssertionError("unreachable")
 
 
-def _add_columns(table: DeltaTable, fields: list[StructField]) -> None:
+def add_columns(table: DeltaTable, fields: list[StructField]) -> None:
     """Adds ``fields`` to the table, enabling the timestampNtz feature first when one holds a
     TIMESTAMP_NTZ the table's protocol lacks (module docstring)."""
     if ("timestampNtz" not in (table.protocol().writer_features or ())
@@ -149,8 +150,11 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {root_cause(exc)}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
-    # A table another writer made refuses before either table is created or changed.
+    # A table another writer made refuses before either table is created or changed; so does an
+    # upsert table ordered by another sequence_by than the pipeline's.
     opened = {key: ready(key, uri, check_existing, options) for key, uri in tables}
+    if pipeline.upsert is not None:
+        check_sequence(pipeline.name, sink.table_uri, opened["sink.table_uri"], pipeline.upsert.sequence_by)
     ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
           f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options,
           opened=opened["sink.quarantine_uri"])
@@ -160,9 +164,20 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
               f"{pipeline.name}_tombstones", f"oncemore tombstones of pipeline {pipeline.name}: deletes kept "
               f"{pipeline.upsert.tombstone_retention_hours} h against late events", options,
               opened=opened["sink.tombstones_uri"])
-    return ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
-                 f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution,
-                 opened=opened["sink.table_uri"])
+    ensured = ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
+                    f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution,
+                    opened=opened["sink.table_uri"])
+    if pipeline.upsert is not None:
+        ready("sink.table_uri", sink.table_uri, record_sequence, pipeline.upsert.sequence_by, options)
+    return ensured
+
+
+def record_sequence(table_uri: str, sequence_by: str | None, storage_options: Mapping[str, str] | None) -> None:
+    """Records ``sequence_by`` ("": none) in the upsert table's properties where it is not yet
+    (a new table, or one made before it was recorded, checked by merge.check_sequence first)."""
+    table = open_table(table_location(table_uri), storage_options)
+    if table.metadata().configuration.get(SEQUENCE_PROPERTY) is None:
+        table.alter.set_table_properties({SEQUENCE_PROPERTY: sequence_by or ""}, raise_if_not_exists=False)
 
 
 def check_existing(table_uri: str, storage_options: Mapping[str, str] | None) -> DeltaTable | None:

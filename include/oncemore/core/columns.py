@@ -35,6 +35,9 @@ QUARANTINE_SCHEMA = pa.schema(
 # applied (the tombstones table, kept ``upsert.tombstone_retention_hours``).
 SEQUENCE_FIELD = pa.field("_sequence", pa.decimal128(38, 6))
 SEQUENCE_COLUMN = SEQUENCE_FIELD.name
+# The main table's property recording the sequence_by its sequences were computed with ("": none,
+# Kafka's offsets); a run with another is refused until ``oncemore resequence`` accepts it.
+SEQUENCE_PROPERTY = "oncemore.upsert.sequence_by"
 OWN_PREFIX = "_oncemore_"
 CHANGE_COLUMN = f"{OWN_PREFIX}change"  # upsert | delete | tombstone
 INVALID_COLUMN = f"{OWN_PREFIX}invalid"  # NULL, or why the change cannot be applied

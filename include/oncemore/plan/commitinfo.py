@@ -12,7 +12,8 @@ topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (
 6 ``profile``: milliseconds per phase of the work before the commit (core/stopwatch.py); 7 ``deletion``:
 rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets; 8
 ``stream_ms``: per partition of an upsert batch, the greatest Kafka timestamp of its change events
-(the stream's time ``oncemore maintain`` measures tombstone retention in).
+(the stream's time ``oncemore maintain`` measures tombstone retention in), and ``resequence``: an
+accepted change of ``upsert.sequence_by`` (``oncemore resequence``), from and to.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class CommitInfo:
     reset: Reset | None = None
     deletion: Deletion | None = None
     stream_ms: Nested = field(default_factory=dict)  # {topic: {partition: ms}}: upserts, the greatest Kafka timestamp read
+    resequence: Mapping[str, str] | None = None  # {"from": expression, "to": expression}; "": none
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 

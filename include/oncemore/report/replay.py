@@ -147,13 +147,17 @@ def replay_table(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list
     try:
         changes = _changes(spark, pipeline, schema, pieces, staging_id)
         sequenced = pipeline.upsert.sequence_by is not None
+        # Events of commits before an accepted change of sequence_by were ordered by the old one:
+        # the rows they left are weighed as the table holds them (sequences cleared), not replayed.
+        horizon = max((e.version for e in Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
+                       .recent_batches(None, table) if e.record.resequence is not None), default=-1)
         seeds = _seeds(spark, pipeline, table, schema, keys, files, covered, pieces, removals,
-                       compacted) if sequenced else None
-        last = _last_events(_placed(changes, covered, pieces, removals), keys, sequenced, seeds,
-                            pipeline.upsert.unavailable_value_placeholder)
+                       compacted, horizon) if sequenced else None
+        placed = _placed(changes, covered, pieces, removals).filter(F.col("_version") > horizon)
+        last = _last_events(placed, keys, sequenced, seeds, pipeline.upsert.unavailable_value_placeholder)
         rows = _placed(table_rows(spark, files, schema, pipeline.sink.storage_options), covered, pieces, removals)
         compared = _compared(rows, last, schema, keys, changes.columns,
-                             schema_epochs(pipeline, table, schema)).persist(StorageLevel.MEMORY_AND_DISK)
+                             schema_epochs(pipeline, table, schema), horizon).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             found = {r["status"]: r["count"] for r in compared.groupBy("status").count().collect()}
             read = _records_read(staging, pieces, pipeline)
@@ -263,7 +267,8 @@ def _merged(runs: list[tuple[int, int]]) -> list[list[int]]:
 
 
 def _seeds(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list[str], files: list[File],
-           covered: Coverage, pieces: dict[int, Piece], removals: Removals, compacted: frozenset[str]):
+           covered: Coverage, pieces: dict[int, Piece], removals: Removals, compacted: frozenset[str],
+           horizon: int = -1):
     """Under sequence_by, the states the tables hold from outside the replayed events (module
     docstring), in ``keys``, the order's columns, the change and SEED; None: none."""
     from pyspark.sql import functions as F
@@ -279,8 +284,9 @@ def _seeds(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list[str],
                                   options), covered, pieces, removals)
         # Rows no replayed event can be: of no piece; on a compacted topic, any (the fold leaves
         # out a seed at its event's coordinates).
-        unreplayed = (F.col("_piece") < 0) | F.col(TOPIC_COLUMN).isin(sorted(compacted)) if compacted \
-            else F.col("_piece") < 0
+        unreplayed = (F.col("_piece") < 0) | F.coalesce(F.col("_version") <= horizon, F.lit(False))
+        if compacted:
+            unreplayed = unreplayed | F.col(TOPIC_COLUMN).isin(sorted(compacted))
         found.append(rows.filter(unreplayed).select(*keys, *order, *carried, F.lit("upsert").alias(CHANGE_COLUMN),
                                                     F.lit("row").alias(SEED)))
     held = open_table(pipeline.sink.tombstones_uri, options)
@@ -398,7 +404,7 @@ def _filled(events, keys: list[str], order: list[str], placeholder: str):
 
 
 def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[str],
-              epochs: list[tuple[int, tuple]] | None = None):
+              epochs: list[tuple[int, tuple]] | None = None, horizon: int = -1):
     """The table's rows and the replay's last events joined by key, each with its ``status``
     (module docstring) and ``differing``, the columns whose values differ; ``epochs`` (_epochs):
     the table's schema by version, where it changed."""
@@ -427,7 +433,9 @@ def _compared(table, last, schema: pa.Schema, keys: list[str], replayed: list[st
     same = reduce(lambda a, b: a & b, equal.values(), F.lit(True))
     status = (F.when(in_table & F.coalesce(seed == "row", F.lit(False)), "unreplayed")
               .when(in_table & live & same, "same").when(in_table & live, "different")
-              .when(in_table & ~in_replay & (F.col("t._piece") < 0), "unreplayed").when(in_table, "extra")
+              .when(in_table & ~in_replay & ((F.col("t._piece") < 0) | F.coalesce(F.col("t._version") <= horizon,
+                                                                                 F.lit(False))), "unreplayed")
+              .when(in_table, "extra")
               .when(live & F.col("r._deleted"), "deleted_since").when(live, "missing").otherwise("gone"))
     return joined.select(
         *[F.coalesce(F.col(f"t.`{k}`"), F.col(f"r.`{k}`")).alias(k) for k in keys], status.alias("status"),
