@@ -102,6 +102,14 @@ def change_rows(records, pipeline: Pipeline):
                     "concat('Debezium op ', coalesce(concat('''', op, ''''), 'NULL'), ' is not c, r, u, d or t')"),
                    (f"NOT {tombstone} AND op IN ('c', 'r', 'u') AND after IS NULL",
                     "concat('Debezium op ', op, ' carries no after')")]
+        rekeyed = [f"before.{_q(k.name)} IS NOT NULL AND NOT (before.{_q(k.name)} <=> after.{_q(k.name)})"
+                   for k in keys if k.name.lower() in before]
+        if rekeyed:
+            # A key change sent as one update: applying it by its after key would leave the old
+            # key's row (Debezium itself sends d, tombstone and c).
+            invalid.append((f"NOT {tombstone} AND op = 'u' AND ({' OR '.join(rekeyed)})",
+                            "concat('Debezium op u changes the key (before ', to_json(before), '): a key change is "
+                            "applied as a delete of the old key and a create of the new one')"))
     else:
         deletes = f"coalesce(({upsert.delete_when}), false)" if upsert.delete_when else "false"
         change = f"CASE WHEN {tombstone} THEN 'tombstone' WHEN {deletes} THEN 'delete' ELSE 'upsert' END"
@@ -118,6 +126,12 @@ def change_rows(records, pipeline: Pipeline):
     if sequenced:
         sequence = f"try_cast(({upsert.sequence_by}) AS DECIMAL(38,6))"
         columns.append(f"{sequence} AS {SEQUENCE_COLUMN}")
+        inexact = _inexact(records, upsert.sequence_by, sequence)
+        if inexact is not None:  # before the NULL test: an overflow is NULL too
+            invalid.append((f"NOT {tombstone} AND ({inexact})",
+                            f"concat('sequence_by {_sql_text(upsert.sequence_by)} = ', CAST(({upsert.sequence_by}) "
+                            "AS STRING), ' does not fit DECIMAL(38,6) exactly (more than 32 digits before the point "
+                            "or 6 after it): it would tie with its neighbours')"))
         invalid.append((f"NOT {tombstone} AND {sequence} IS NULL",
                         f"'sequence_by {_sql_text(upsert.sequence_by)} is NULL or not a number'"))
     columns += [_q(c) for c in [*extra, *coordinates]]
@@ -130,6 +144,32 @@ def change_rows(records, pipeline: Pipeline):
     except Exception as exc:  # Spark's analysis error
         raise UpsertRefused(f"{where}: {str(exc).strip().splitlines()[0]}") from None
     return shaped
+
+
+def _inexact(records, sequence_by: str, sequence: str) -> str | None:
+    """SQL: a value of ``sequence_by`` that ``sequence`` (its DECIMAL(38,6)) does not hold exactly
+    (finer than 6 decimal places, or beyond 32 digits), by the expression's type; None where every
+    value fits (integers)."""
+    from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType
+
+    try:
+        kind = records.selectExpr(f"({sequence_by}) AS s").schema["s"].dataType
+    except Exception:  # not resolved: change_rows names the error
+        return None
+    value = f"({sequence_by})"
+    if isinstance(kind, IntegralType) or (isinstance(kind, DecimalType) and kind.scale <= 6
+                                          and kind.precision - kind.scale <= 32):
+        return None
+    if isinstance(kind, DecimalType):
+        return f"{value} IS NOT NULL AND NOT (try_cast({sequence} AS {kind.simpleString()}) <=> {value})"
+    if isinstance(kind, (DoubleType, FloatType)):
+        return f"{value} IS NOT NULL AND NOT (CAST({sequence} AS DOUBLE) <=> CAST({value} AS DOUBLE))"
+    if isinstance(kind, StringType):
+        text = f"trim({value})"
+        return (f"try_cast({text} AS DOUBLE) IS NOT NULL AND ({sequence} IS NULL OR "
+                f"length(regexp_extract({text}, '\\\\.([0-9]*[1-9])0*$', 1)) > 6 OR "
+                f"NOT (CAST({sequence} AS DOUBLE) <=> try_cast({text} AS DOUBLE)))")
+    return None
 
 
 def _sql_text(text: str) -> str:
