@@ -106,8 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--take-over", action="store_true",
                        help="take the topic over in a table where another pipeline ingests it (that pipeline's "
                             "runs are refused from then on)")
-    add("resequence", "accept a changed upsert.sequence_by: the rows held lose their sequences (each key's next event "
-                      "wins), the tombstones table forgets its deletes, the table records the new expression", _resequence)
+    add("resequence", "accept a changed upsert.sequence_by (rows held lose their sequences, held deletes are forgotten)",
+        _resequence)
     add("maintain", "compact small files, checkpoint and vacuum the pipeline's tables (an upsert's tombstones table "
                     "too, past its retention forgotten)", _maintain)
     delete = add("delete", "delete rows from the pipeline's tables by a predicate, each commit recording the "
@@ -323,15 +323,10 @@ def _reset(pipeline: Pipeline, args) -> int:
     return 0
 
 
-def _resequence(pipeline: Pipeline, args) -> int:
+def _resequence(pipeline: Pipeline, _args) -> int:
     from oncemore.ops.resequence import resequence
 
-    done = resequence(pipeline)
-    if done["status"] == "unchanged":
-        print(f"{pipeline.name}: the table is ordered by sequence_by {done['sequence_by']!r} already: nothing to do")
-    else:
-        print(f"{pipeline.name}: resequenced from {done['from']!r} to {done['to']!r}: {done['rows_cleared']} rows' "
-              f"sequences cleared, {done['deletes_forgotten']} deletes forgotten (table version {done['version']})")
+    print(json.dumps(resequence(pipeline), indent=2))
     return 0
 
 

@@ -88,6 +88,10 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("upsert", {"keys": ["id"], "envelope": "debezium", "delete_when": "x = 1"}, "upsert.delete_when",
          "applies to envelope none"),
         ("upsert", {"keys": ["id"], "envelope": "cdc"}, "upsert.envelope", "'debezium' or 'none'"),
+        ("upsert", {"keys": ["id"], "unavailable_value_placeholder": ""}, "upsert.unavailable_value_placeholder",
+         "at least 1 character"),
+        ("upsert", {"keys": ["id"], "unavailable_value_placeholder": 7}, "upsert.unavailable_value_placeholder",
+         "string"),
     ],
 )
 def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):

@@ -2,32 +2,37 @@
 the last event per key, MERGEd into the main table in the commit that records the positions.
 
 Order: without ``sequence_by``, Kafka's offsets (a key seen in two partitions refuses the part:
-the order between them is undefined); with it, the greatest sequence wins, ties by (topic,
-partition, offset), the coordinates kept in the row. Each event counts once: ``inserted``,
-``updated``, ``deleted`` (a row removed), ``noop_deletes`` (a delete of a key the table does not
-hold), ``stale`` (not newer than the row or the delete the tables hold: changes nothing),
-``superseded`` (a later event of its key in the same part), ``tombstones`` (under sequence_by, a
-null value is Kafka's compaction marker: counted, not applied); with ``quarantined`` and
-``filtered`` they account for every record read. ``written`` is every change row that reached the
-MERGE, the sum of the first seven.
+the order between them is undefined; a tombstone deletes); with it, the greatest sequence wins
+(a NULL sequence, of a row an accepted change of sequence_by cleared, before any number), ties by
+(topic, partition, offset), the coordinates kept in the row. Under sequence_by a tombstone (a
+null value: no sequence) deletes its key when the key's state (the latest of the part's last
+event, the table's row and the held delete) came from the tombstone's own partition at a lower
+offset: one partition's order is Kafka's, and on a compacted topic the d before it may be gone.
+That delete keeps the state's sequence at the tombstone's coordinates, so an event not newer
+than the deleted row stays out. Each event counts once: ``inserted``, ``updated``, ``deleted`` (a
+row removed), ``noop_deletes`` (a delete of a key the table does not hold), ``stale`` (not newer
+than the row or the delete the tables hold: changes nothing), ``superseded`` (a later event of its
+key in the same part: an event, or a tombstone of its partition after it), ``tombstones`` (a
+tombstone that deletes nothing: counted); with ``quarantined`` and ``filtered`` they account for
+every record read. ``written`` is every change row that reached the MERGE, the sum of the first
+seven. ``unavailable`` counts placeholders nothing held a value for (placeholders.py).
 
 Deletes hold against late events: under sequence_by, every applied delete (noop ones included) is
 MERGEd into the tombstones table (key, sequence, coordinates, when) with its positions, *before*
 the main commit, as the quarantine table's part is; the main MERGE builds on it, so a crash
-between the two leaves a delete that the rerun applies again (an event equal to a held delete is
-that delete, not stale). The main table holds only live rows.
+between the two leaves a delete that the rerun applies again (an event, or a tombstone, at a held
+delete's coordinates is that delete, not stale). The main table holds only live rows. Each commit
+refuses a table whose recorded sequence_by is not the part's (sequencing.py).
 
-The events are classified against the snapshot the MERGE runs on, and the MERGE applies exactly
-the ones that change a row; a MERGE that changes nothing is a commit of the positions alone
-(committer.merge). delta-rs's counts are checked against the classification.
+The events are classified against the snapshot the MERGE runs on; the MERGE applies exactly the
+ones that change a row (none: a commit of the positions alone, committer.merge), and delta-rs's
+counts are checked against the classification.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -36,6 +41,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, check_committable, held, merge
+from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
+from oncemore.commit.sequencing import check_sequence
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -43,7 +50,6 @@ from oncemore.core.columns import (
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
-    SEQUENCE_PROPERTY,
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
@@ -65,34 +71,6 @@ class KeyInTwoPartitions(OncemoreError):
     """Without sequence_by, one key's events came from two partitions: their order is undefined."""
 
 
-class SequenceChanged(OncemoreError):
-    """The table's sequences were computed with another upsert.sequence_by than the pipeline's."""
-
-
-def check_sequence(pipeline: str, table_uri: str, table: DeltaTable | None, sequence_by: str | None) -> None:
-    """SequenceChanged unless ``table`` (None: none yet) was ordered by ``sequence_by``: its
-    SEQUENCE_PROPERTY, or for a table older than it, whether it has a sequence column."""
-    if table is None:
-        return
-    wanted = sequence_by or ""
-    recorded = table.metadata().configuration.get(SEQUENCE_PROPERTY)
-    if recorded is None:  # a table made before the expression was recorded
-        had = SEQUENCE_COLUMN in pa.schema(table.schema().to_arrow()).names
-        if had == bool(wanted):
-            return
-        recorded_text = "a sequence_by (a _sequence column)" if had else "no sequence_by (Kafka's offsets)"
-    elif recorded == wanted:
-        return
-    else:
-        recorded_text = f"sequence_by {recorded!r}" if recorded else "no sequence_by (Kafka's offsets)"
-    wanted_text = f"sequence_by {wanted!r}" if wanted else "no sequence_by"
-    raise SequenceChanged(
-        f"pipeline {pipeline}: table {table_uri} was ordered by {recorded_text}, the pipeline says {wanted_text}: "
-        "the rows and deletes it holds would be compared with sequences of another meaning; nothing was "
-        "committed. `oncemore resequence` accepts the change (the rows held then lose to any later event)",
-        pipeline=pipeline, table_uri=table_uri, recorded=recorded, sequence_by=wanted)
-
-
 class MergeMiscount(OncemoreError):
     """delta-rs's MERGE changed other rows than the classification said (after its commit landed)."""
 
@@ -104,8 +82,8 @@ class UpsertSpec:
     keys: tuple[str, ...]  # as the table names them
     sequenced: bool
     tombstones_uri: str | None
-    placeholder: str | None = None
-    sequence_by: str | None = None  # the expression, checked against the table's record at each commit  # upsert.unavailable_value_placeholder: a column value that is not sent
+    placeholder: str | None = None  # upsert.unavailable_value_placeholder: a column value that is not sent
+    sequence_by: str | None = None  # the expression, checked against the table's record at each commit
 
 
 @dataclass
@@ -129,53 +107,12 @@ def describe_counts(records: dict[str, int]) -> str:
         f", {records[n]} {n}" for n in others if records.get(n))
 
 
-def placeholder_forms(kind: pa.DataType, placeholder: str) -> list | None:
-    """The values a column of ``kind`` holds where Debezium did not send it (an unchanged TOASTed
-    value): the placeholder text, its bytes in a binary column, a one-element array of it (or of
-    its name UUID, as Java's UUID.nameUUIDFromBytes makes it) in an array of strings, its bytes one
-    per element in an array of integers; None: a column that never carries it."""
-    raw = placeholder.encode()
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return [placeholder]
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return [raw]
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        element = kind.value_type
-        if pa.types.is_string(element) or pa.types.is_large_string(element):
-            digest = bytearray(hashlib.md5(raw).digest())
-            digest[6], digest[8] = (digest[6] & 0x0F) | 0x30, (digest[8] & 0x3F) | 0x80
-            return [[placeholder], [str(uuid.UUID(bytes=bytes(digest)))]]
-        if pa.types.is_integer(element):
-            return [list(raw)]
-    return None
-
-
-def _unavailable(column: pa.ChunkedArray, forms: list) -> pa.Array:
-    """Row by row, whether ``column`` holds one of ``forms`` (placeholder_forms)."""
-    if isinstance(forms[0], list):
-        return pa.array([v in forms for v in column.to_pylist()], pa.bool_())
-    return pc.fill_null(pc.is_in(column, value_set=pa.array(forms, column.type)), False).combine_chunks()
-
-
-def _placeheld(rows: pa.Table, spec: UpsertSpec) -> dict[str, list]:
-    """The columns of ``rows`` that may carry the placeholder, with its forms."""
-    if spec.placeholder is None:
-        return {}
-    own = {*spec.keys, SEQUENCE_COLUMN, CHANGE_COLUMN, *ORDER, TIMESTAMP_COLUMN}
-    found = {f.name: placeholder_forms(f.type, spec.placeholder) for f in rows.schema if f.name not in own}
-    return {name: forms for name, forms in found.items() if forms is not None}
-
-
 def reduce_changes(rows: pa.Table, spec: UpsertSpec, pipeline: str) -> Changes:
     """The last event per key (module docstring: order), a placeholder taking the value of its
     key's event before it in the part; under sequence_by, each key's last tombstone per partition
     beside them."""
-    counts = dict.fromkeys(COUNTS, 0)
-    counts["unavailable"] = 0
-    stream_ms = _stream_ms(rows)
-    kind = rows.column(CHANGE_COLUMN)
-    keys = list(spec.keys)
-    marks = None
+    counts, stream_ms = {**dict.fromkeys(COUNTS, 0), "unavailable": 0}, _stream_ms(rows)
+    kind, keys, marks = rows.column(CHANGE_COLUMN), list(spec.keys), None
     if spec.sequenced:
         markers = pc.equal(kind, "tombstone")
         marks = _last(rows.filter(markers).select([*keys, *ORDER, TIMESTAMP_COLUMN]), [*keys, *ORDER[:2]],
@@ -191,7 +128,7 @@ def reduce_changes(rows: pa.Table, spec: UpsertSpec, pipeline: str) -> Changes:
         _one_partition_per_key(rows, spec.keys, pipeline)
         order = list(ORDER)
     rows = rows.sort_by([(k, "ascending") for k in (*keys, *order)])
-    rows = _filled(rows, keys, _placeheld(rows, spec), counts)
+    rows = filled(rows, keys, placeheld(rows, spec.keys, spec.placeholder), counts)
     latest = _last(rows, keys, order, sorted_=True)
     counts["superseded"] = rows.num_rows - latest.num_rows
     return Changes(latest, marks, counts, stream_ms)
@@ -206,59 +143,14 @@ def _stream_ms(rows: pa.Table) -> dict[KafkaPartition, int]:
         TOPIC_COLUMN, PARTITION_COLUMN, "_ms_max")))}
 
 
-def _starts(rows: pa.Table, keys: list[str]) -> pa.Array:
-    """Row by row (``rows`` sorted by key), whether it is its key's first."""
-    if not rows.num_rows:
-        return pa.array([], pa.bool_())
-    first = None
-    for key in keys:
-        column = rows.column(key)
-        differs = pc.fill_null(pc.not_equal(column.slice(0, len(column) - 1), column.slice(1)), True)
-        first = differs if first is None else pc.or_(first, differs)
-    return pa.concat_arrays([pa.array([True]), first.combine_chunks()])
-
-
 def _last(rows: pa.Table, group: list[str], order: list[str], sorted_: bool = False) -> pa.Table:
     """The last row of each ``group`` by ``order``."""
     if not rows.num_rows:
         return rows
     if not sorted_:
         rows = rows.sort_by([(k, "ascending") for k in (*group, *order)])
-    starts = _starts(rows, group)
+    starts = key_starts(rows, group)
     return rows.filter(pa.concat_arrays([starts.slice(1), pa.array([True])]))
-
-
-def _filled(rows: pa.Table, keys: list[str], columns: dict[str, list], counts: dict[str, int]) -> pa.Table:
-    """``rows`` (sorted by key and order) with each placeholder taking its key's previous event's
-    value, unless a delete of the key comes between (then NULL, counted ``unavailable``). A
-    placeholder in a key's first event is left for the MERGE (the row the table holds)."""
-    if not columns or not rows.num_rows:
-        return rows
-    n = rows.num_rows
-    starts = _starts(rows, keys)
-    deleted = pc.equal(rows.column(CHANGE_COLUMN), "delete").combine_chunks()
-    after_delete = pc.and_(pc.invert(starts), pa.concat_arrays([pa.array([False]), deleted.slice(0, n - 1)]))
-    fresh = pc.or_(starts, after_delete)  # where a key's values begin again
-    # Within a key, the segments since its first event or its last delete: a placeholder reaches back no further.
-    index = pa.array(range(n), pa.int64())
-    segment_start = pc.fill_null_forward(pc.if_else(fresh, index, pa.scalar(None, pa.int64())))
-    for name, forms in columns.items():
-        missing = _unavailable(rows.column(name), forms)
-        source = pc.fill_null_forward(pc.if_else(pc.or_(pc.invert(missing), fresh), index, pa.scalar(None, pa.int64())))
-        values = rows.column(name).combine_chunks().take(source)
-        # Still a placeholder after a delete of its key in this part: nothing holds its value.
-        lost = pc.and_(_unavailable(pa.chunked_array([values]), forms),
-                       pc.not_equal(segment_start, _key_start(starts)))
-        counts["unavailable"] += pc.sum(lost).as_py() or 0
-        values = pc.if_else(lost, pa.nulls(n, values.type), values)
-        rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-    return rows
-
-
-def _key_start(starts: pa.Array) -> pa.Array:
-    """Row by row, the index of its key's first row."""
-    index = pa.array(range(len(starts)), pa.int64())
-    return pc.fill_null_forward(pc.if_else(starts, index, pa.scalar(None, pa.int64())))
 
 
 def _one_partition_per_key(rows: pa.Table, keys: tuple[str, ...], pipeline: str) -> None:
@@ -308,11 +200,6 @@ def _matched(latest: pa.Table, other: pa.Table, keys: tuple[str, ...], columns: 
     return joined.select(columns).append_column("_present", present)
 
 
-def _where(mask: pa.Array, a: pa.Table, b: pa.Table, names: list[str]) -> pa.Table:
-    """Row by row, ``a``'s ``names`` where ``mask``, else ``b``'s."""
-    return pa.table({n: pc.if_else(mask, a.column(n), b.column(n)) for n in names})
-
-
 @dataclass
 class _Decision:
     """What a sequenced part does to its keys: the change rows the main MERGE applies, the
@@ -346,7 +233,8 @@ def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertS
     for code, other in ((1, row), (2, kept)):
         take = pc.and_(other.column("_present"), pc.or_(pc.invert(state.column("_present")),
                                                         _after(other, state, order)))
-        state, source = _where(take, other, state, names), pc.if_else(take, code, source)
+        state = pa.table({n: pc.if_else(take, other.column(n), state.column(n)) for n in names})
+        source = pc.if_else(take, code, source)
     change = pc.fill_null(event.column(CHANGE_COLUMN), "")
     upsert = pc.or_(pc.equal(source, 1), pc.and_(pc.equal(source, 0), pc.equal(change, "upsert")))
     probe = universe.append_column(TOPIC_COLUMN, state.column(TOPIC_COLUMN)).append_column(
@@ -389,21 +277,13 @@ def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertS
 
 
 def _kept_values(ups: pa.Table, table: DeltaTable, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
-    """``ups`` with each placeholder left (one in its key's first event of the part) taking the
-    value of the row the table holds; where it holds none, NULL, counted."""
-    columns = _placeheld(ups, spec)
-    masks = {name: _unavailable(ups.column(name), forms) for name, forms in columns.items()}
-    masks = {name: mask for name, mask in masks.items() if pc.any(mask).as_py()}
+    """``ups`` with each placeholder left taking the value of the row the table holds (placeholders.py)."""
+    masks = unsent(ups, placeheld(ups, spec.keys, spec.placeholder))
     if not masks:
         return ups, unavailable
     needed = ups.filter(reduce(pc.or_, masks.values()))
     stored = _matched(ups, _read(table, spec.keys, needed, list(masks), ups.schema), spec.keys, list(masks))
-    for name, mask in masks.items():
-        unknown = pc.and_(mask, pc.invert(stored.column("_present")))
-        unavailable += pc.sum(unknown).as_py() or 0
-        values = pc.if_else(mask, stored.column(name), ups.column(name))
-        ups = ups.set_column(ups.schema.get_field_index(name), name, values)
-    return ups, unavailable
+    return with_stored(ups, masks, stored, unavailable)
 
 
 def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
@@ -515,4 +395,4 @@ def _newer_sql() -> list[str]:
     return [f"({t})" for t in terms]
 
 
-__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "SequenceChanged", "check_sequence", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]
+__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]

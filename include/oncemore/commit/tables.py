@@ -28,8 +28,8 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 from oncemore.commit.evolution import arrow_schema, evolve, spark_schema
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
-from oncemore.commit.merge import check_sequence
-from oncemore.core.columns import QUARANTINE_SCHEMA, SEQUENCE_PROPERTY, SchemaError, key_columns, tombstones_schema
+from oncemore.commit.sequencing import check_sequence, record_sequence
+from oncemore.core.columns import QUARANTINE_SCHEMA, SchemaError, key_columns, tombstones_schema
 from oncemore.core.errors import InvalidDataFile, OncemoreError, TableLocationError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.plan.ledger import open_table
@@ -170,14 +170,6 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
     if pipeline.upsert is not None:
         ready("sink.table_uri", sink.table_uri, record_sequence, pipeline.upsert.sequence_by, options)
     return ensured
-
-
-def record_sequence(table_uri: str, sequence_by: str | None, storage_options: Mapping[str, str] | None) -> None:
-    """Records ``sequence_by`` ("": none) in the upsert table's properties where it is not yet
-    (a new table, or one made before it was recorded, checked by merge.check_sequence first)."""
-    table = open_table(table_location(table_uri), storage_options)
-    if table.metadata().configuration.get(SEQUENCE_PROPERTY) is None:
-        table.alter.set_table_properties({SEQUENCE_PROPERTY: sequence_by or ""}, raise_if_not_exists=False)
 
 
 def check_existing(table_uri: str, storage_options: Mapping[str, str] | None) -> DeltaTable | None:

@@ -38,7 +38,7 @@ class Upsert(BaseModel):
         default=168, description="under sequence_by, how long a delete is kept against late events, in the "
                                  "stream's time (oncemore maintain forgets older ones)")
     unavailable_value_placeholder: StrictStr | None = Field(
-        default="__debezium_unavailable_value",
+        default="__debezium_unavailable_value", min_length=1,
         description="the value a change event carries for a column it did not send (Debezium's "
                     "unavailable.value.placeholder: an unchanged TOASTed column); the key's value held is kept. "
                     "null: no value is a placeholder")
