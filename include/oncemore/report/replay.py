@@ -6,8 +6,12 @@ replay has: the row's, the sequence and the coordinates).
 Order: with ``sequence_by``, the greatest (sequence, topic, partition, offset); without, the
 commit that applied the event (the last one covering its offset, after a rewinding reset), then
 its coordinates: the MERGE's order, where an event of a later part is newer. A delete removes its
-key, and so does a tombstone without ``sequence_by``; with it a tombstone is a compaction marker,
-ignored. Records that cannot be applied (quarantined) are ignored.
+key, and so does a tombstone without ``sequence_by``; with it a tombstone deletes the key's winner
+when that came from the tombstone's partition at a lower offset. A placeholder takes the value of
+its key's event before it (fold.py). Records that cannot be applied (quarantined) are ignored.
+After an accepted change of sequence_by (``oncemore resequence``), the events of commits before it
+are not folded: the rows they left are weighed as the table holds them, as rows of commits the
+log no longer keeps are.
 
 With ``sequence_by`` an event never wins over a newer state the tables hold from outside the
 replayed events, as it did not in the MERGE: the fold is seeded, per key, with (1) the table's row
