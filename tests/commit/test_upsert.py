@@ -472,3 +472,34 @@ def test_a_sequence_finer_than_decimal_38_6_is_quarantined_not_tied(spark, broke
     assert len(reasons) == 3 and all(r.startswith("sequence_by at = ") and "does not fit DECIMAL(38,6) exactly" in r
                                      for r in reasons), reasons
     accounted(pipeline)
+
+
+def test_debeziums_placeholder_keeps_the_stored_value_and_verify_replays_it(spark, broker, topic, make_pipeline):
+    """REPLICA IDENTITY DEFAULT: an update carries the placeholder for an unchanged TOASTed column;
+    the 5,000-character value stays (from the table's row, or the key's earlier event in the part);
+    a create whose column is the placeholder stores NULL, counted."""
+    from oncemore.report.verify import verify
+
+    placeholder, big = "__debezium_unavailable_value", "x" * 5000
+    row = lambda i, name, balance: {"id": i, "name": name, "balance": balance}  # noqa: E731
+    broker.produce(topic, [(0, key(1), envelope("c", row(1, big, 1), lsn=1), None)])
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    run(pipeline, spark_factory=lambda: spark)
+    broker.produce(topic, [(0, key(1), envelope("u", row(1, placeholder, 2), lsn=2), None),
+                           (0, key(2), envelope("c", row(2, "two", 3), lsn=3), None),
+                           (0, key(2), envelope("u", row(2, placeholder, 4), lsn=4), None),
+                           (0, key(3), envelope("c", row(3, placeholder, 5), lsn=5), None)])
+    report = run(pipeline, spark_factory=lambda: spark)
+    expected = fold(read_back(broker.bootstrap_servers, topic), sequence=lambda value: value["source"]["lsn"])
+    assert {k: r["name"] for k, r in expected.items()} == {(1,): placeholder, (2,): placeholder, (3,): placeholder}
+    for id_, kept in ((1, big), (2, "two"), (3, None)):  # the fold with each placeholder resolved
+        expected[(id_,)]["name"] = kept
+    found = table_state(pipeline.sink.table_uri)
+    assert set(found) == set(expected)
+    assert all({c: found[k][c] for c in r} == r for k, r in expected.items())
+    last = oncemore_commits(pipeline.sink.table_uri)[-1][1].records
+    assert {k: last[k] for k in ("inserted", "updated", "superseded", "unavailable")} == {
+        "inserted": 2, "updated": 1, "superseded": 1, "unavailable": 1}, last
+    assert "1 unavailable" in report.summary()
+    assert verify(pipeline, lambda: spark, replay=True).ok
+    accounted(pipeline)
