@@ -223,7 +223,7 @@ def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertS
         .group_by(keys).aggregate([])
     like = latest.schema
     event = _matched(universe, latest.append_column("_event", pa.array(range(latest.num_rows), pa.int64())), spec.keys,
-                     [*order, CHANGE_COLUMN, "_event"])
+                     [*order, CHANGE_COLUMN, TIMESTAMP_COLUMN, "_event"])
     row = _matched(universe, _read(table, spec.keys, universe, order, like), spec.keys, order)
     kept = _matched(universe, _read(held, spec.keys, universe, order, like), spec.keys, order)
     # The state before the part's tombstones: the latest of the three (an event equal to a held
@@ -270,7 +270,7 @@ def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertS
                                  pa.array(["delete"] * gone.num_rows, pa.string()))
     # The deletes kept: the state's sequence, the deciding event's or tombstone's coordinates.
     at = {n: pc.if_else(by_mark, mark.column(n) if n in (OFFSET_COLUMN, TIMESTAMP_COLUMN) else state.column(n),
-                        _matched(universe, latest, spec.keys, [n]).column(n)) for n in (*ORDER, TIMESTAMP_COLUMN)}
+                        event.column(n)) for n in (*ORDER, TIMESTAMP_COLUMN)}
     kept_deletes = pa.table({**{k: universe.column(k) for k in keys}, SEQUENCE_COLUMN: state.column(SEQUENCE_COLUMN),
                              **at}).filter(deletes)
     return _Decision(pa.concat_tables([ups.cast(loose), removed]), kept_deletes, counts)
