@@ -7,13 +7,20 @@ never leaves its JVM behind: not when stopped, when it fails to start, or when t
 started it exits. With ``data_dir`` it persists, and ``restart()`` (after ``stop()`` or ``kill()``)
 brings it back on the same ports with the same data. ``DevBroker`` also stands for any reachable
 cluster (``DevBroker(bootstrap_servers)``).
+
+A secured broker: ``start_kafka(tls=DevCertificates(directory), sasl=..., authorizer=True)``
+listens for TLS clients (one-way and mutual TLS, and SASL_SSL with ``sasl``) with certificates
+of a test authority made at run time, and authorizes every request by ACLs (Kafka's
+StandardAuthorizer): users (``add_scram_user``) and ACLs (``allow``) go through the admin client.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
+import datetime
 import hashlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -27,7 +34,20 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from devtools.processes import stop_process
 
@@ -44,6 +64,8 @@ KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
 KAFKA_JVM_OPTIONS = ["-Xmx512m", "-Xms64m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 KAFKA_CLASS_ARCHIVE = "kafka-broker.jsa"  # in the jars directory, written by write_kafka_class_archive
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+# Kafka's authorizer for KRaft clusters (3.x and 4.x), ACLs kept in the cluster's metadata.
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # Every Kafka broker started here, with the process that started it: stopped at its exit at the latest.
 _kafka_brokers: list[tuple[int, DevBroker]] = []
 
@@ -53,8 +75,11 @@ class DevBroker:
 
     def __init__(self, bootstrap_servers: str, process: subprocess.Popen | None = None,
                  client_options: dict[str, str] | None = None, launch: Callable[[], subprocess.Popen] | None = None,
-                 log_path: Path | None = None, temporary_dir: Path | None = None):
+                 log_path: Path | None = None, temporary_dir: Path | None = None,
+                 listeners: dict[str, str] | None = None):
         self.bootstrap_servers, self.process = bootstrap_servers, process
+        # The client listeners of a local broker by name (SSL, MTLS, SASL_SSL, ...): host:port.
+        self.listeners = listeners or {}
         # librdkafka settings a client needs besides the address (SASL for a broker started with it).
         self.client_options = client_options or {}
         # Starts the local broker's process again on the same address, returning once it serves.
@@ -188,6 +213,21 @@ class DevBroker:
             if last:
                 time.sleep(0.01)
 
+    def add_scram_user(self, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> None:
+        """Creates (or changes) a SCRAM user through the admin client (KIP-554, Kafka 2.7 and later)."""
+        upsertion = UserScramCredentialUpsertion(
+            user, ScramCredentialInfo(getattr(ScramMechanism, mechanism.replace("-", "_")), 4096), password.encode())
+        self._wait(self.admin().alter_user_scram_credentials([upsertion]))
+
+    def allow(self, principal: str, resource: str, name: str, *operations: str,
+              pattern: str = "LITERAL") -> None:
+        """Grants ``principal`` (``User:reader``, ``User:CN=reader``) each of ``operations`` (READ,
+        DESCRIBE, ...) on the ``resource`` (topic, group, cluster) ``name``, from any host."""
+        bindings = [AclBinding(ResourceType[resource.upper()], name, ResourcePatternType[pattern], principal, "*",
+                               AclOperation[operation], AclPermissionType.ALLOW) for operation in operations]
+        for future in self.admin().create_acls(bindings).values():
+            future.result(timeout=30)
+
     def stop(self) -> None:
         if self.process is not None:
             stop_process(self.process)
@@ -215,6 +255,88 @@ class DevBroker:
         self._admin = None
 
 
+class DevCertificates:
+    """A certificate authority of the tests' own, made at run time in ``directory``, and the
+    certificates it signs, in PEM (the files librdkafka reads, and Kafka's keystores of type PEM).
+
+    ``ca``: the authority's certificate (clients' ``ssl.ca.location``, the broker's truststore);
+    ``broker``: the broker's key and certificate chain in one file (its keystore), valid for
+    127.0.0.1 and localhost, also the certificate the broker presents as a client of its own
+    listeners (principal ``User:CN=broker``); ``client(name)``: a client's certificate and key
+    (principal ``User:CN=<name>``), the key encrypted when given a passphrase."""
+
+    def __init__(self, directory: str | os.PathLike):
+        from cryptography import x509
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oncemore test CA")])
+        self._ca = self._certificate(self._name, self._key.public_key(), ca=True)
+        self.ca = self.directory / "ca.pem"
+        self.ca.write_bytes(self._pem(self._ca))
+        key, certificate = self._signed("broker", server=True)
+        self.broker = self.directory / "broker.pem"
+        self._write_private(self.broker, self._key_pem(key, None) + self._pem(certificate) + self._pem(self._ca))
+
+    def client(self, name: str, key_password: str | None = None) -> tuple[Path, Path]:
+        """(certificate, key) files of client ``name``; the key encrypted with ``key_password`` if given."""
+        key, certificate = self._signed(name, server=False)
+        certificate_path, key_path = self.directory / f"{name}.crt", self.directory / f"{name}.key"
+        certificate_path.write_bytes(self._pem(certificate))
+        self._write_private(key_path, self._key_pem(key, key_password))
+        return certificate_path, key_path
+
+    def _signed(self, name: str, server: bool):
+        from cryptography import x509
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        return key, self._certificate(subject, key.public_key(), ca=False, server=server)
+
+    def _certificate(self, subject, public_key, ca: bool, server: bool = False):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(self._name)
+                   .public_key(public_key).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
+            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        if server:  # clients verify the broker's host name (librdkafka and Java do by default)
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(self._key, hashes.SHA256())
+
+    @staticmethod
+    def _pem(certificate) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return certificate.public_bytes(serialization.Encoding.PEM)
+
+    @staticmethod
+    def _key_pem(key, password: str | None) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        encryption = (serialization.BestAvailableEncryption(password.encode()) if password
+                      else serialization.NoEncryption())
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+
+    @staticmethod
+    def _write_private(path: Path, content: bytes) -> None:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(content)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -240,16 +362,26 @@ def kafka_jars_dir() -> Path:
 
 def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
                 password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90,
-                jvm_options: list[str] | None = None) -> DevBroker:
+                jvm_options: list[str] | None = None, tls: DevCertificates | None = None,
+                authorizer: bool = False) -> DevBroker:
     """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1.
 
     ``data_dir`` (absent or empty) keeps its properties, data and log (``logs/server.log``) for
     ``restart()``; without it they live in a temporary directory that ``stop()`` removes. With
-    ``sasl`` (a SCRAM mechanism) clients connect on a SASL_PLAINTEXT listener as ``user``, whose
+    ``sasl`` (a SCRAM mechanism) clients connect on a SASL listener as ``user``, whose
     credentials are written into the quorum's metadata when the storage is formatted; the password
     never reaches a command line (a process list shows every one) and is kept on disk only while
     formatting. ``configs`` are more broker properties, or replace ours; ``jvm_options`` replace
-    the broker JVM's (KAFKA_JVM_OPTIONS, and the class archive once written)."""
+    the broker JVM's (KAFKA_JVM_OPTIONS, and the class archive once written).
+
+    With ``tls`` (certificates of a test authority) every listener is TLS: ``SSL`` (one-way: the
+    client checks the broker, the principal is ``User:ANONYMOUS``), ``MTLS`` (client certificates
+    required: the principal is ``User:CN=<name>``; the broker's own connections use it too) and,
+    with ``sasl``, ``SASL_SSL``; ``DevBroker.listeners`` names their addresses. The broker's own
+    client (topics, records, users, ACLs) is ``user`` over SASL_SSL with ``sasl``, else the
+    certificate ``admin`` over MTLS. With ``authorizer`` Kafka's StandardAuthorizer allows only
+    what ACLs grant (``DevBroker.allow``), to all but the broker itself and its own client
+    (``super.users``)."""
     if sasl is not None and sasl not in SCRAM_MECHANISMS:
         raise ValueError(f"sasl must be one of {', '.join(SCRAM_MECHANISMS)}, not {sasl!r}")
     if sasl and any(c in f"{user}{password}" for c in ",\n"):
@@ -261,20 +393,28 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         raise ValueError(f"{root} is not empty: a broker starts on an empty data directory "
                          "(DevBroker.restart() starts one on its own again)")
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    port, controller_port = free_port(), free_port()
-    # The broker's own connections (from its controller, its coordinators) stay on PLAINTEXT, so it
-    # needs no credentials of its own; with SASL, clients get another listener.
-    plain_port = free_port() if sasl else port
-    listeners = {"PLAINTEXT": plain_port, **({"SASL_PLAINTEXT": port} if sasl else {})}
+    # Listener names and their protocols. The broker's own connections (from its controller, its
+    # coordinators) use the first: PLAINTEXT without TLS, so it needs no credentials of its own;
+    # with TLS, MTLS with its certificate, so no listener lets an anonymous client act as the broker.
+    if tls is None:
+        protocols = {"PLAINTEXT": "PLAINTEXT", **({"SASL_PLAINTEXT": "SASL_PLAINTEXT"} if sasl else {})}
+        controller_protocol, broker_principal = "PLAINTEXT", "User:ANONYMOUS"
+    else:
+        protocols = {"MTLS": "SSL", "SSL": "SSL", **({"SASL_SSL": "SASL_SSL"} if sasl else {})}
+        controller_protocol, broker_principal = "SSL", "User:CN=broker"
+    internal = next(iter(protocols))
+    client_listener = ("SASL_SSL" if tls is not None else "SASL_PLAINTEXT") if sasl else internal
+    ports, controller_port = {name: free_port() for name in protocols}, free_port()
     properties = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
         "controller.listener.names": "CONTROLLER",
-        "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in {**listeners, "CONTROLLER": controller_port}.items()),
-        "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in listeners.items()),
-        "listener.security.protocol.map": ",".join(f"{name}:{name}" for name in listeners) + ",CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name": "PLAINTEXT",
+        "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in {**ports, "CONTROLLER": controller_port}.items()),
+        "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in ports.items()),
+        "listener.security.protocol.map": ",".join(f"{name}:{protocol}" for name, protocol in protocols.items())
+                                          + f",CONTROLLER:{controller_protocol}",
+        "inter.broker.listener.name": internal,
         "log.dirs": str(root / "kafka-logs"),
         # One node: every internal topic has one replica, or it is never created.
         "offsets.topic.replication.factor": "1",
@@ -302,18 +442,35 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         # then it holds back every read_committed consumer of its partitions.
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     }
-    client_options = {}
+    client_options: dict[str, str] = {}
+    if tls is not None:
+        # PEM files as the stores (Kafka 2.7 and later); client certificates required on every
+        # listener but the one-way ones (SSL, SASL_SSL).
+        properties.update({"ssl.keystore.type": "PEM", "ssl.keystore.location": str(tls.broker),
+                           "ssl.truststore.type": "PEM", "ssl.truststore.location": str(tls.ca),
+                           "ssl.client.auth": "required"})
+        properties.update({f"listener.name.{name.lower()}.ssl.client.auth": "none"
+                           for name, protocol in protocols.items() if name != "MTLS" and protocol != "PLAINTEXT"})
+        client_options = {"security.protocol": "SSL", "ssl.ca.location": str(tls.ca)}
+        if not sasl:
+            certificate, key = tls.client("admin")
+            client_options.update({"ssl.certificate.location": str(certificate), "ssl.key.location": str(key)})
     if sasl:
         properties["sasl.enabled.mechanisms"] = sasl
-        properties[f"listener.name.sasl_plaintext.{sasl.lower()}.sasl.jaas.config"] = \
+        properties[f"listener.name.{client_listener.lower()}.{sasl.lower()}.sasl.jaas.config"] = \
             "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-        client_options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": sasl,
-                          "sasl.username": user, "sasl.password": password}
+        client_options.update({"security.protocol": protocols[client_listener], "sasl.mechanism": sasl,
+                               "sasl.username": user, "sasl.password": password})
+    if authorizer:
+        own_client = f"User:{user}" if sasl else "User:CN=admin" if tls is not None else broker_principal
+        properties.update({"authorizer.class.name": STANDARD_AUTHORIZER,
+                           "super.users": ";".join(dict.fromkeys([broker_principal, own_client]))})
     properties.update(configs or {})
     properties_path = root / "server.properties"
     properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
-    broker = DevBroker(f"127.0.0.1:{port}", client_options=client_options, log_path=root / "logs" / "server.log",
-                       temporary_dir=temporary_dir)
+    broker = DevBroker(f"127.0.0.1:{ports[client_listener]}", client_options=client_options,
+                       log_path=root / "logs" / "server.log", temporary_dir=temporary_dir,
+                       listeners={name: f"127.0.0.1:{p}" for name, p in ports.items()})
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
     # The JVMs' temporary files (the compression codecs' native libraries) stay in the data directory.
     (root / "tmp").mkdir(exist_ok=True)
