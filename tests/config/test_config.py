@@ -221,6 +221,27 @@ def test_env_default_and_a_file_of_any_name_but_in_the_pipelines_directory(tmp_p
     assert "must match the file name 'other' in the pipelines directory" in str(broken[str(other)])
 
 
+def test_relative_certificate_paths_are_resolved_against_the_pipeline_file(tmp_path, monkeypatch):
+    """A Spark executor opens the files too, in another working directory: a path relative to the
+    one the driver started in was found there and missed on the executors."""
+    monkeypatch.chdir("/")
+    doc = with_change("source.kafka_options", {"security.protocol": "SSL", "ssl.ca.location": "certs/ca.pem",
+                                               "ssl.certificate.location": "/etc/kafka/client.pem",
+                                               "ssl.key.location": "../keys/client.key", "ssl.key.password": "x"})
+    doc["format"] = {"type": "avro", "schema_registry": {"url": "https://registry:8081", "ssl.ca.location": "ca.pem"}}
+    doc["key"] = {"type": "json", "schema": "id BIGINT", "confluent_framing": True,
+                  "schema_registry": {"url": "https://registry:8081", "ssl.ca.location": "probe"}}
+    (tmp_path / "pipelines").mkdir()
+    pipeline = load_pipeline(write(tmp_path / "pipelines", doc), ENV)
+
+    assert pipeline.source.kafka_options == {
+        "security.protocol": "SSL", "ssl.ca.location": str(tmp_path / "pipelines" / "certs" / "ca.pem"),
+        "ssl.certificate.location": "/etc/kafka/client.pem", "ssl.key.location": str(tmp_path / "keys" / "client.key"),
+        "ssl.key.password": "x"}
+    assert pipeline.format.schema_registry["ssl.ca.location"] == str(tmp_path / "pipelines" / "ca.pem")
+    assert pipeline.key.schema_registry["ssl.ca.location"] == "probe"  # librdkafka's own lookup, not a path
+
+
 def test_not_yaml_and_not_a_mapping(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_pipeline(write(tmp_path, "name: [unclosed"), ENV)

@@ -1,13 +1,13 @@
 """Pipeline files read into the model (model.py): YAML, ``${ENV}`` substitution, the pipelines
-directory, and pydantic's complaints turned into one line per problem that names the file and the
-key, in a YAML writer's words.
+directory, relative certificate and key paths made absolute against the file (core/clientfiles.py),
+and pydantic's complaints turned into one line per problem that names the file and the key, in a
+YAML writer's words.
 
 Invariant: a value never appears in an error (it may be a substituted secret).
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import typing
@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 
 from oncemore.config.model import Pipeline
 from oncemore.config.values import ConfigError, option_text
+from oncemore.core.clientfiles import resolve_relative
+from oncemore.core.suggest import closest
 
 PIPELINES_DIR_ENV = "ONCEMORE_PIPELINES_DIR"
 DEFAULT_PIPELINES_DIR = Path(__file__).resolve().parents[2] / "pipelines"
@@ -62,7 +64,7 @@ def load_pipeline(path: str | Path, environ: Mapping[str, str] | None = None) ->
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, "", f"not valid YAML: {_yaml_problem(exc)}") from None
-    return parse_pipeline(raw, source, os.environ if environ is None else environ)
+    return parse_pipeline(raw, source, os.environ if environ is None else environ, path.resolve().parent)
 
 
 def _directory_pipeline(path: Path) -> Pipeline:
@@ -138,12 +140,16 @@ def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: st
     return _ENV_REF.sub(replace, value)
 
 
-def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipeline:
-    """A validated pipeline from a parsed YAML document; ConfigError names the first problem."""
+def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str], base: Path | None = None) -> Pipeline:
+    """A validated pipeline from a parsed YAML document; ConfigError names the first problem.
+    Relative certificate and key paths are resolved against ``base`` (the file's directory)."""
     if not isinstance(raw, dict):
         raise ConfigError(source, "", f"must be a mapping, got {type(raw).__name__}")
+    document = substitute_env(raw, source, environ)
+    if base is not None:
+        document = _files_resolved(document, base)
     try:
-        pipeline = Pipeline.model_validate(substitute_env(raw, source, environ))
+        pipeline = Pipeline.model_validate(document)
     except ValidationError as exc:
         problems = [_problem(e) for e in exc.errors(include_url=False)]
         # A misspelt key also leaves the right one missing: the unknown key says what happened.
@@ -154,6 +160,17 @@ def parse_pipeline(raw: Any, source: str, environ: Mapping[str, str]) -> Pipelin
         raise ConfigError(source, *found[0], more=found[1:]) from None
     pipeline._origin = source
     return pipeline
+
+
+def _files_resolved(document: dict, base: Path) -> dict:
+    """The document with the relative paths of its client options (Kafka's, each registry's) made
+    absolute against ``base``: a Spark executor opens them too, in another working directory."""
+    blocks = [("source", "kafka_options"), ("format", "schema_registry"), ("key", "schema_registry")]
+    document = dict(document)
+    for block, options in blocks:
+        if isinstance(document.get(block), dict) and isinstance(document[block].get(options), dict):
+            document[block] = {**document[block], options: resolve_relative(document[block][options], base)}
+    return document
 
 
 # What a YAML value is, for "got ..." (never the value itself: it may be a substituted secret).
@@ -181,9 +198,9 @@ def _problem(error: Mapping[str, Any]) -> tuple[str, str, str | None]:
         problem = "is required"
     elif error["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        close = difflib.get_close_matches(keys[-1], allowed, n=1, cutoff=0.75)
+        close = closest(keys[-1], allowed)
         if close:
-            meant = ".".join([*keys[:-1], close[0]])
+            meant = ".".join([*keys[:-1], close])
             problem = f"unknown key; did you mean {meant}?"
         else:
             problem = f"unknown key (allowed: {', '.join(allowed)})"
