@@ -78,7 +78,7 @@ def raw_consume(pipeline, ends: dict[KafkaPartition, int], collector: bool = Tru
         gc.disable()
     try:
         started = time.perf_counter()  # the consumer's creation and close included, as in the floor and the pipeline
-        with range_consumer(consumer_config(pipeline)) as consumer:
+        with range_consumer(consumer_config(pipeline), pipeline.name) as consumer:
             consumer.assign([TopicPartition(p.topic, p.partition, 0) for p in ends])
             remaining = {p.partition: end for p, end in ends.items()}
             count = 0
@@ -108,7 +108,7 @@ def floor_task(config: dict[str, str], stall_timeout: float, topic: str, partiti
     timestamps or quarantine, no Spark, no Delta. The rows written."""
     gc.disable()
     try:
-        with range_consumer(config) as consumer, \
+        with range_consumer(config, "floor") as consumer, \
                 pq.ParquetWriter(path, schema.append(pa.field("offset", pa.int64())), compression="snappy",
                                  use_dictionary=False) as writer:
             parsed: list[pa.Table] = []  # the next row group

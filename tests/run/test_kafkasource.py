@@ -27,7 +27,7 @@ def read(pipeline, partition, start, end, stall=20.0, consumer=None) -> pa.Table
 def test_one_consumer_reads_range_after_range_exactly(broker, topic, make_pipeline):
     broker.produce(topic, orders(0, 3_000))  # 1,000 a partition: prefetching runs ahead of each range
     pipeline = make_pipeline(topic)
-    with range_consumer(consumer_config(pipeline)) as consumer:
+    with range_consumer(consumer_config(pipeline), pipeline.name) as consumer:
         for partition, start, end in [(0, 0, 10), (1, 500, 510), (0, 10, 400), (2, 999, 1_000), (0, 5, 6), (1, 0, 3)]:
             offsets = read(pipeline, partition, start, end, consumer=consumer).column("offset").to_pylist()
             partitions = set(read(pipeline, partition, start, end, consumer=consumer).column("partition").to_pylist())

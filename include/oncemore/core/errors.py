@@ -69,6 +69,16 @@ class InvalidDataFile(OncemoreError):
     """A written file is not what the commit may reference (missing, wrong schema, offsets outside its range)."""
 
 
+class KafkaAccessDenied(OncemoreError):
+    """Kafka's authorizer refuses the pipeline's principal a right a run needs; the message names
+    the topic or group and the right (evidence: ``resource``, ``name``, ``operation``)."""
+
+
+class KafkaClientFileError(OncemoreError):
+    """A Kafka client cannot be made from the pipeline's settings: a certificate, key or CA file
+    that cannot be opened or loaded (evidence: ``option``, ``path``)."""
+
+
 class TableLocationError(OncemoreError):
     """No table can be created where the pipeline's config puts one."""
 

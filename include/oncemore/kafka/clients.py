@@ -4,6 +4,9 @@ Planning uses metadata (partitions, topic ID, cluster ID) and ListOffsets (earli
 read_committed latest, by timestamp); no consumer group is joined and no offsets are committed.
 ``read_messages`` is how every reader (Spark tasks, the planner's timestamp checks) walks
 offsets [start, end) of one partition: read_committed, past transaction markers, never hanging.
+
+What Kafka's authorizer must allow is in access.py; ``check_readable`` fetches once per topic,
+so that a planned run finds a missing READ before it creates a table or starts Spark.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.suggest import closest
+from oncemore.kafka.access import new_client, topic_denied
 
 if TYPE_CHECKING:  # a Spark task reading Kafka never needs the config models (pydantic's import)
     from oncemore.config.model import Pipeline
@@ -94,7 +99,8 @@ def admin_client(pipeline: Pipeline) -> AdminClient:
     """An admin client that keeps librdkafka's error events (``client_errors``): a request that
     times out says only "transport failure", the events say why (refused, authentication, TLS)."""
     errors: list[KafkaError] = []
-    client = AdminClient({**pipeline.source.kafka_config(), "logger": CLIENT_LOG, "error_cb": errors.append})
+    client = new_client(AdminClient, {**pipeline.source.kafka_config(), "logger": CLIENT_LOG,
+                                      "error_cb": errors.append}, pipeline.name)
     client.client_errors = errors
     return client
 
@@ -143,7 +149,9 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
         # 500 ms made every small range cost half a second (measured on the test broker; 100 ms: 66 ms).
         "fetch.wait.max.ms": "10",
         **pipeline.source.kafka_config(),
-        # Not overridable: these make the read exact.
+        # Not overridable: these make the read exact. confluent-kafka's consumer cannot be made
+        # without a group id; it is never joined nor committed to (read_messages ignores a denial
+        # of it: librdkafka asks for its coordinator whatever the consumer does).
         "group.id": f"oncemore-{pipeline.name}",
         "enable.auto.commit": "false",
         "enable.auto.offset.store": "false",
@@ -167,8 +175,10 @@ def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
                                f"(the cluster has {len(metadata.topics)} topics)")
     for topic in topics:
         topic_md = metadata.topics.get(topic)
-        if topic_md is None or topic_md.error is not None or not topic_md.partitions:
-            cause = "it does not exist" if topic_md is None else (topic_md.error.str() if topic_md.error else "no partitions")
+        if topic_md is None:
+            raise _unlisted(admin, pipeline, topic, metadata.topics)
+        if topic_md.error is not None or not topic_md.partitions:
+            cause = topic_md.error.str() if topic_md.error else "no partitions"
             raise KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: {cause}")
     # DescribeTopics never auto-creates; it is asked only once the topics are known to exist.
     futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=_timeout(pipeline))
@@ -182,6 +192,55 @@ def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
                                           cluster_id=metadata.cluster_id or None)
     partitions = sorted(KafkaPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
     return SourceState(partitions, identities)
+
+
+def _unlisted(admin: AdminClient, pipeline: Pipeline, topic: str, listed: Iterable[str]) -> Exception:
+    """Why a named topic is not in the cluster's metadata, with the listed topic it may be a typo
+    of. Kafka lists only the topics the principal may describe, and DescribeTopics tells a denied
+    name (TOPIC_AUTHORIZATION_FAILED: whether it exists, Kafka tells only those who may describe
+    it) from a missing one."""
+    meant = closest(topic, [t for t in listed if not t.startswith("__")])
+    typo = f"; did you mean {meant!r}?" if meant else ""
+    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=_timeout(pipeline)).values()
+    try:
+        future.result()
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            return topic_denied(f"pipeline {pipeline.name}", topic, "DESCRIBE",
+                                "; whether it exists Kafka tells only those who may describe it", after=typo)
+    else:  # created since the metadata was read
+        return KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available yet: it was just created")
+    return KafkaSourceError(f"pipeline {pipeline.name}: topic {topic!r} is not available: it does not exist{typo}")
+
+
+def check_readable(pipeline: Pipeline, bounds: Mapping[KafkaPartition, PartitionBounds]) -> None:
+    """Raises KafkaAccessDenied naming the first topic of ``bounds`` whose records the principal
+    may not read. Everything else planning asks needs only DESCRIBE, so this is the one way to
+    learn it before Spark: one fetch per topic, of its first partition at the end of its log (an
+    empty answer costs the broker nothing), all by one consumer; the read is allowed once a fetch
+    answers with a record or the end of the partition."""
+    first: dict[str, KafkaPartition] = {}
+    for partition in sorted(bounds):
+        first.setdefault(partition.topic, partition)
+    if not first:
+        return
+    where = f"pipeline {pipeline.name}"
+    deadline = time.monotonic() + _timeout(pipeline)
+    with range_consumer({**consumer_config(pipeline), "enable.partition.eof": "true"}, pipeline.name) as consumer:
+        consumer.assign([TopicPartition(p.topic, p.partition, bounds[p].latest) for p in first.values()])
+        pending = set(first)
+        while pending:
+            for message in consumer.consume(num_messages=len(pending), timeout=_POLL_SECONDS):
+                error, topic = message.error(), message.topic()
+                if error is None or error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(topic)
+                elif error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise topic_denied(where, topic, "READ")
+                elif topic is not None and not _transient(error):
+                    raise KafkaSourceError(f"{where}: a fetch of topic {topic!r} failed: {error.name()}: {error.str()}")
+            if pending and time.monotonic() > deadline:
+                raise KafkaSourceError(f"{where}: Kafka did not answer a fetch of topic(s) {', '.join(sorted(pending))} "
+                                       f"within {_timeout(pipeline):.0f}s (source.stall_timeout_seconds)")
 
 
 def _list_offsets(admin: AdminClient, pipeline: Pipeline, specs: dict[KafkaPartition, OffsetSpec]) -> dict[KafkaPartition, int]:
@@ -231,10 +290,11 @@ def offsets_for_timestamp(
 
 
 @contextmanager
-def range_consumer(config: Mapping[str, str]) -> Iterator[Consumer]:
+def range_consumer(config: Mapping[str, str], pipeline: str) -> Iterator[Consumer]:
     """A consumer (of ``consumer_config`` settings) for any number of ``read_messages`` calls in turn:
-    one per Spark task, since creating and closing one costs about as much as reading a small range."""
-    consumer = Consumer({**config, "logger": CLIENT_LOG})
+    one per Spark task, since creating and closing one costs about as much as reading a small range.
+    A file its settings name that cannot be opened here fails it naming ``pipeline``, option and path."""
+    consumer = new_client(Consumer, {**config, "logger": CLIENT_LOG}, pipeline)
     try:
         yield consumer
     finally:
@@ -250,7 +310,8 @@ def read_messages(
     aborted or compacted records are never delivered, so counting messages would wait forever.
     Fails (KafkaReadError naming the offsets) on a read error, an offset out of range, or when
     the position does not move for ``stall_timeout`` seconds: a broker restart or a lost
-    connection (librdkafka reconnects on its own) is waited out for that long, then named.
+    connection (librdkafka reconnects on its own) is waited out for that long, then named; and
+    with KafkaAccessDenied when Kafka refuses READ on the topic.
     Closing the generator early is fine; the consumer is assigned to this range alone.
     """
     consumer.assign([TopicPartition(topic, partition, start)])
@@ -261,13 +322,18 @@ def read_messages(
         # Column by column (map over the C methods): a Python loop per message cost more than the
         # client's own work. The per-message filters below run only when something is off.
         errors = list(filter(None, map(Message.error, messages)))
+        if errors:
+            messages = [m for m in messages if m.error() is None]
+            # The consumer's group is never used: a denial of it says nothing of the read.
+            errors = [e for e in errors if e.code() != KafkaError.GROUP_AUTHORIZATION_FAILED]
         fatal = [e for e in errors if not _transient(e)]
+        if any(e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in fatal):
+            raise topic_denied(where, topic, "READ")
         if fatal:
             raise KafkaReadError(f"{where}: read failed at offset {position} of range [{start}, {end}): "
                                  f"{fatal[0].name()}: {fatal[0].str()}")
         if errors:  # waited out below, within the stall timeout
             transient = errors[-1]
-            messages = [m for m in messages if m.error() is None]
         # Data of this range only: never a record fetched for an earlier assignment of a reused
         # consumer (librdkafka discards those; this keeps it so).
         if messages and ({*map(Message.partition, messages)} != {partition} or {*map(Message.topic, messages)} != {topic}):

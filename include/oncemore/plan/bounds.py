@@ -135,7 +135,7 @@ def first_matching(
         partition, (begin, end) = item
         where = f"pipeline {pipeline.name}: {partition}"
         seen = 0
-        with clients.range_consumer(config) as consumer:
+        with clients.range_consumer(config, pipeline.name) as consumer:
             for messages in clients.read_messages(consumer, partition.topic, partition.partition, begin, end,
                                                 pipeline.source.stall_timeout_seconds, where):
                 for message in messages:

@@ -299,7 +299,8 @@ def group_tasks(tasks: list[OffsetRange], slots: int, max_records: int) -> list[
 
 
 def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient | None = None) -> Plan:
-    """Reads the ledger and the log, checks they still belong together, then plans."""
+    """Reads the ledger and the log, checks they still belong together, then plans; and checks
+    that the principal may read the topics the plan reads (clients.check_readable)."""
     admin = admin or clients.admin_client(pipeline)
     state = clients.describe_source(admin, pipeline)
     log = clients.log_bounds(admin, pipeline, state.partitions)
@@ -311,7 +312,11 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
     # Explicit `until` offsets leave unnamed partitions where they are.
     ends = bounds_.resolve(admin, pipeline, until, log, range_starts, default={p: None for p in log})
-    return plan(pipeline, positions, log, starts, ends, until=until.describe(), identities=state.identities)
+    planned = plan(pipeline, positions, log, starts, ends, until=until.describe(), identities=state.identities)
+    # All asked so far needs DESCRIBE only: whether the principal may READ what is planned shows
+    # only by fetching, here rather than in a Spark task after the table was created.
+    clients.check_readable(pipeline, {r.key: log[r.key] for b in planned.batches for r in b.ranges if r.count})
+    return planned
 
 
 def first_offsets(admin: AdminClient, pipeline: Pipeline, positions: Mapping[KafkaPartition, int | None],

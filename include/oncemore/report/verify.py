@@ -284,7 +284,7 @@ def _missing(pipeline: Pipeline, entry: CommitEntry, pieces: dict[int, Piece], m
             found[p] = None
             continue
         try:
-            with clients.range_consumer(config) as consumer:
+            with clients.range_consumer(config, pipeline.name) as consumer:
                 held = {m.offset() for batch in clients.read_messages(consumer, p.topic, p.partition, start, end,
                                                                     pipeline.source.stall_timeout_seconds, where)
                         for m in batch}

@@ -136,7 +136,7 @@ class KafkaRangeReader(_RangeReader):
         from oncemore.kafka.clients import range_consumer
         from oncemore.run.workermemory import task_memory
 
-        with task_memory(), range_consumer(self.kafka_config) as consumer:
+        with task_memory(), range_consumer(self.kafka_config, self.pipeline) as consumer:
             for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
                 yield batch.select(SPARK_KAFKA_SCHEMA.names)
 
@@ -181,7 +181,7 @@ class _TaskReader(_RangeReader):
         from oncemore.kafka.clients import range_consumer
 
         crashpoints.reach("task")
-        with range_consumer(self.kafka_config) as consumer:
+        with range_consumer(self.kafka_config, self.pipeline) as consumer:
             for topic, partition, start, end in task.ranges:
                 yield RangeRecords(consumer, topic, partition, start, end, self.stall_timeout,
                                    f"pipeline {self.pipeline}: {topic}/{partition}", self.max_bytes,
