@@ -13,6 +13,7 @@ from deltalake.exceptions import CommitFailedError
 
 from conftest import keyed, orders, read_pairs
 from oncemore.commit.committer import already_committed, commit, commit_positions, covered_prefix, validate_files
+from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import RangeResult
 from oncemore.commit.tables import ensure_table, ensure_tables
 from oncemore.core.columns import QUARANTINE_SCHEMA
@@ -188,7 +189,7 @@ def test_a_landed_commit_whose_retry_conflicted_still_mirrors_positions(broker, 
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", landed_then_conflicted)
     mirrored = []
-    monkeypatch.setattr(runner, "mirror_positions", lambda p, positions, version: mirrored.append((positions, version)))
+    monkeypatch.setattr(GroupMirror, "mirror", lambda self, positions, version: mirrored.append((positions, version)))
 
     report = runner.run(pipeline, spark_factory=lambda: spark)
 

@@ -26,7 +26,7 @@ from conftest import (
     orders,
     read_pairs,
 )
-from oncemore.commit.groupmirror import mirror_positions
+from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import STAGING_DIR
 from oncemore.config.model import VACUUM_RETENTION_FLOOR_HOURS
 from oncemore.config.values import ConfigError, OffsetBound
@@ -102,7 +102,7 @@ def test_positions_are_mirrored_to_the_consumer_group_and_never_read_back(broker
     ends = {p: max(o for q, o in produced if q == p) + 1 for p in (0, 1, 2)}
     assert committed_offsets(broker, pipeline) == ends
     # The mirror is never read back: moved behind the table, the next run still starts at the table.
-    mirror_positions(pipeline, keyed(topic, {0: 0, 1: 0, 2: 0}), table_version=0)
+    assert GroupMirror(pipeline).mirror(keyed(topic, {0: 0, 1: 0, 2: 0}), table_version=0)
     more = broker.produce(topic, orders(900, 90))
     run(pipeline, spark_factory=spark_factory(spark))
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced + more)
@@ -113,7 +113,7 @@ def test_a_failed_mirror_is_logged_not_raised(make_pipeline, topic, caplog):
     pipeline = make_pipeline(topic, source={"bootstrap_servers": "127.0.0.1:1", "stall_timeout_seconds": 2})
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="oncemore"):
-        assert mirror_positions(pipeline, keyed(topic, {0: 5}), table_version=3) is False
+        assert GroupMirror(pipeline).mirror(keyed(topic, {0: 5}), table_version=3) is False
     assert time.monotonic() - started < 30
     assert f"could not mirror positions of topic {topic} (table version 3) to consumer group oncemore.orders" in caplog.text
 

@@ -21,7 +21,7 @@ import uuid
 from functools import cached_property
 from typing import Callable
 
-from oncemore.commit.groupmirror import mirror_positions
+from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import AheadRecord, RangeResult
 from oncemore.commit.merge import UpsertSpec
 from oncemore.commit.part import Part, PartOutcome, Written, commit_part
@@ -102,6 +102,7 @@ class _Run:
         self.bytes_per_offset: dict[KafkaPartition, float] = {}
         self.progress: Progress | None = None
         self.prepared: Prepared | None = None
+        self.mirror = GroupMirror(pipeline) if pipeline.commit_consumer_group else None
 
     @property
     def spark(self):
@@ -219,10 +220,10 @@ class _Run:
                     if name not in ("written", "quarantined"):
                         report.events[name] = report.events.get(name, 0) + count
             report.versions.append(outcome.version)
-            if self.pipeline.commit_consumer_group:
+            if self.mirror is not None:
                 held = self.main.positions(self.plan.bounds)
                 with self.watch.timing("mirror"):
-                    mirror_positions(self.pipeline, {p: v for p, v in held.items() if v is not None}, outcome.version)
+                    self.mirror.mirror({p: v for p, v in held.items() if v is not None}, outcome.version)
                 crashpoints.reach("mirrored")
         self.progress.advance(part.batch.seq, sum(e - s for s, e in outcome.read.values()),
                               outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,
