@@ -1,5 +1,6 @@
 """``oncemore check``: a preflight for people adding pipelines. After a pipeline's config loads, it
-checks that the brokers answer, each topic exists (its partitions and topic ID), the table's
+checks that the brokers answer, each topic exists (its partitions and topic ID), the principal may
+read each topic and, with ``commit_consumer_group``, commit to the mirror's group, the table's
 positions may be continued (the same checks a run makes before it plans: whose table it is, the
 topics' identity, positions within the log), the schema registry has the subjects the formats
 read, what the records become (the table's schema from them and from the transform, as Spark's
@@ -8,8 +9,12 @@ are named here, not by the run), and each table location holds a table oncemore 
 that takes that schema, or is a place where the first run can create one. One ``Check`` per line.
 
 Invariant: it writes nothing anywhere. Kafka is asked for the whole cluster's metadata (a named
-topic's Metadata request may auto-create it), DescribeTopics and ListOffsets, the registry for the
-subjects' latest schemas, storage for a table's log or the directory or bucket a table would go
+topic's Metadata request may auto-create it), DescribeTopics and ListOffsets, a fetch at the end of
+one partition per topic (READ), and for the mirror an offset of a topic that does not exist
+(Kafka refuses it, for the group first when the group is denied: nothing is stored; a cluster
+that never had a consumer group creates its internal ``__consumer_offsets`` topic when the
+fetch's consumer asks for its group's coordinator, as every librdkafka consumer does), the
+registry for the subjects' latest schemas, storage for a table's log or the directory or bucket a table would go
 in: no table, directory, consumer group or topic is created. Spark is started only for a pipeline
 with a transform or expectations, and reads no record. Whether an object store takes writes can
 only be learned by writing, so there the check says it was not tried.
@@ -20,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from oncemore.commit.groupmirror import check_group, group_id
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
 from oncemore.core.columns import QUARANTINE_SCHEMA
@@ -72,6 +78,9 @@ def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> l
                 count = sum(1 for p in source.partitions if p.topic == topic)
                 topic_id = source.identities[topic].topic_id or "none (a broker before Kafka 2.8)"
                 checks.append(Check(name, f"topic {topic}", None, f"{count} partitions, topic ID {topic_id}"))
+            checks.append(_read(pipeline, admin, source))
+            if pipeline.commit_consumer_group:
+                checks.append(_mirror_group(pipeline, admin))
             checks.append(_positions(pipeline, admin, source))
     registry = _registry(pipeline, topics)
     checks += registry
@@ -104,6 +113,25 @@ def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
         return [Check(pipeline.name, what, _cause(exc))]
     found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
     return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
+
+
+def _read(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
+    """What Kafka's authorizer says to a fetch of each topic (READ, which a run's tasks need)."""
+    try:
+        clients.check_readable(pipeline, clients.log_bounds(admin, pipeline, source.partitions))
+    except Exception as exc:  # KafkaAccessDenied names the topic and the right
+        return Check(pipeline.name, "read", _cause(exc))
+    return Check(pipeline.name, "read", None, f"a fetch of each topic is allowed ({', '.join(source.topics)})")
+
+
+def _mirror_group(pipeline: Pipeline, admin) -> Check:
+    """Whether Kafka would take the mirror's commits to its consumer group (commit_consumer_group)."""
+    what = f"consumer group {group_id(pipeline)}"
+    try:
+        check_group(admin, pipeline)
+    except Exception as exc:  # KafkaAccessDenied names the group and the right
+        return Check(pipeline.name, what, _cause(exc))
+    return Check(pipeline.name, what, None, "the mirror may commit to it")
 
 
 def _positions(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
