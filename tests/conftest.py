@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -362,6 +363,21 @@ def oncemore(*args: str, env: dict | None = None, check_no_spark: bool = False) 
     code += "sys.exit(rc)"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "include"), "ONCEMORE_SPARK_MASTER": "local[2]", **(env or {})})
+
+
+def process_list_watcher(secrets: list[str], found: list[str]) -> threading.Event:
+    """Samples every process's command line until the returned event is set; lines holding one of
+    ``secrets`` go to ``found``."""
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            found.extend(line for line in listing.splitlines() if any(secret in line for secret in secrets))
+            stop.wait(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop
 
 
 def oncemore_commits(table_uri: str) -> list[tuple[int, CommitInfo]]:

@@ -5,34 +5,19 @@ configured timeout, a broker restarted mid-read, and records deleted (DeleteReco
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_exactly_once, oncemore, oncemore_commits, orders, read_pairs
+from conftest import assert_exactly_once, oncemore, oncemore_commits, orders, process_list_watcher, read_pairs
 from oncemore.core.errors import DataLoss
 from oncemore.run import runner
 
 PASSWORD = "pw-7d1e0c4a9b"  # random-looking, so finding it anywhere means it leaked
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "ingest",
          "sasl.password": "${ONCEMORE_TEST_KAFKA_PASSWORD}"}
-
-
-def process_list_watcher(found: list[str]) -> threading.Event:
-    """Samples every process's command line until the returned event is set; lines with the password go to ``found``."""
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-            found.extend(line for line in listing.splitlines() if PASSWORD in line)
-            stop.wait(0.2)
-
-    threading.Thread(target=watch, daemon=True).start()
-    return stop
 
 
 @pytest.mark.spark
@@ -43,7 +28,7 @@ def test_sasl_scram_run_is_exactly_once_and_the_password_never_shows(own_broker,
     produced = local.produce("secured", orders(0, 600))
     pipeline = make_pipeline("secured", source={"bootstrap_servers": local.bootstrap_servers, "kafka_options": SCRAM})
     leaked: list[str] = []
-    stop = process_list_watcher(leaked)
+    stop = process_list_watcher([PASSWORD], leaked)
     try:
         result = oncemore("run", "--config", pipeline.origin)
         status = oncemore("status", "--config", pipeline.origin, check_no_spark=True)
