@@ -12,6 +12,10 @@ A secured broker: ``start_kafka(tls=DevCertificates(directory), sasl=..., author
 listens for TLS clients (one-way and mutual TLS, and SASL_SSL with ``sasl``) with certificates
 of a test authority made at run time, and authorizes every request by ACLs (Kafka's
 StandardAuthorizer): users (``add_scram_user``) and ACLs (``allow``) go through the admin client.
+
+``start_detached_kafka()``: the same broker for a developer's own topics, on a fixed port, outliving
+the command that starts it, its data kept between starts. Run (scripts/kafka):
+``python -m devtools.kafkabroker start [--port 9092] [--data-dir DIR] | stop | status``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from devtools.processes import stop_process
+from devtools.processes import launch_detached, serve_main, stop_process, write_pid
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
 KAFKA_DEVTOOLS = Path(__file__).resolve().parent / "kafka"
@@ -643,3 +647,54 @@ def running(broker: DevBroker) -> Iterator[DevBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90) -> int:
+    """Starts the broker of ``data_dir`` on 127.0.0.1:``port``, detached (devtools.processes), and
+    returns its pid once it serves: a new directory is formatted by start_kafka (the tests' broker
+    settings, proven to serve), an existing one starts with its topics and records. The ports are
+    set at every start (a node's listeners may change; its controller's takes a free port), so one
+    data directory may move to another port."""
+    properties_path = data_dir / "server.properties"
+    if not properties_path.is_file():
+        start_kafka(data_dir=data_dir, seconds=seconds).stop()  # with a data_dir, stop() keeps it
+    properties = dict(line.split("=", 1) for line in properties_path.read_text().splitlines() if "=" in line)
+    if set(properties["listener.security.protocol.map"].split(",")) != {"PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"}:
+        raise ValueError(f"{data_dir} holds a broker with other listeners than PLAINTEXT: it cannot serve here")
+    controller_port = free_port()
+    properties.update({
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+    })
+    properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+    jars = kafka_jars_dir()
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    # start_kafka's broker command.
+    command = [java, *_kafka_jvm_options(jars), f"-Djava.io.tmpdir={data_dir / 'tmp'}", "-cp", str(jars / "*"),
+               f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
+               "kafka.Kafka", str(properties_path)]
+    broker = DevBroker(f"127.0.0.1:{port}", log_path=data_dir / "logs" / "server.log")
+    process = launch_detached(command, data_dir, data_dir / "logs" / "jvm.out")
+    try:
+        _wait_kafka_ready(process, broker, seconds)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    write_pid(data_dir, process.pid)
+    return process.pid
+
+
+def detached_kafka_address(data_dir: Path) -> tuple[int, str]:
+    """The port and bootstrap address the broker of ``data_dir`` serves on."""
+    for line in (data_dir / "server.properties").read_text().splitlines():
+        if line.startswith("advertised.listeners="):
+            address = line.split("//", 1)[1]
+            return int(address.rsplit(":", 1)[1]), address
+    raise ValueError(f"{data_dir / 'server.properties'} names no advertised listener")
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve_main(None, prog="scripts/kafka", what="the Kafka broker", name="kafka", default_port=9092,
+                                start=start_detached_kafka, address=detached_kafka_address))

@@ -10,19 +10,20 @@ confluent-kafka's ``SchemaRegistryClient`` takes. Schema IDs are Apicurio's cont
 schema has one ID in every subject, as in Confluent's. It never leaves its JVM behind: not when
 stopped, when it fails to start, or when the interpreter that started it exits.
 
-Run: ``python -m devtools.schemaregistry [--port 8081]`` serves one until interrupted.
+``start_detached_registry()``: the same registry for a developer's own schemas, on a fixed port,
+outliving the command that starts it, its schemas kept between starts (an H2 database file in its
+data directory). Run (scripts/registry):
+``python -m devtools.schemaregistry start [--port 8081] [--data-dir DIR] | stop | status``.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import base64
 import hashlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from devtools.kafkabroker import free_port, setup_cache_dir
-from devtools.processes import stop_process
+from devtools.processes import launch_detached, serve_main, stop_process, write_pid
 
 REGISTRY_POM = Path(__file__).resolve().parent / "registry" / "pom.xml"
 # Measured on 2 cores shared with other work (load 7-9): from the JVM's start to a first answer
@@ -72,46 +73,89 @@ def start_registry(port: int = 0, user_info: str | None = None, seconds: float =
     port; with ``user_info`` ("user:password") every request needs those HTTP basic credentials.
 
     Its configuration, log and temporary files live in a temporary directory that ``stop()``
-    removes. The password reaches neither a command line (a process list shows every one) nor that
-    directory: only its digest does (MD5 of user:realm:password, as Quarkus's embedded users take it)."""
-    app = registry_app_dir()
-    runner = next(app.glob("apicurio-registry-app-*-runner.jar"))
-    properties = {
+    removes, its schemas in memory. The password reaches neither a command line (a process list
+    shows every one) nor that directory: only its digest does (MD5 of user:realm:password, as
+    Quarkus's embedded users take it)."""
+    runner = _registry_runner()
+    properties = _registry_properties(port or free_port())
+    if user_info:
+        properties.update(_basic_auth_properties(user_info))
+    temporary_dir = Path(tempfile.mkdtemp(prefix="oncemore-registry-"))
+    command = _registry_command(runner, temporary_dir, properties)
+    log_path = temporary_dir / "registry.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=temporary_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    registry = DevRegistry(_ccompat_url(properties), process, log_path, temporary_dir, user_info)
+    _registries.append((os.getpid(), registry))
+    try:
+        _wait_serving(registry.url, process, log_path, user_info, seconds)
+    except BaseException:
+        registry.stop()
+        raise
+    return registry
+
+
+def start_detached_registry(data_dir: Path, port: int = 8081, seconds: float = 120) -> int:
+    """Starts the registry of ``data_dir`` on 127.0.0.1:``port``, detached (devtools.processes),
+    its schemas in an H2 database file there (created by the first start), and returns its pid
+    once it serves."""
+    properties = {**_registry_properties(port), "apicurio.datasource.url": f"jdbc:h2:file:{data_dir / 'db' / 'registry'}"}
+    command = _registry_command(_registry_runner(), data_dir, properties)
+    log_path = data_dir / "registry.log"
+    process = launch_detached(command, data_dir, log_path)
+    try:
+        _wait_serving(_ccompat_url(properties), process, log_path, None, seconds)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    write_pid(data_dir, process.pid)
+    return process.pid
+
+
+def detached_registry_address(data_dir: Path) -> tuple[int, str]:
+    """The port and Confluent-compatible URL the registry of ``data_dir`` serves on."""
+    for line in (data_dir / "config" / "application.properties").read_text().splitlines():
+        if line.startswith("quarkus.http.port="):
+            port = int(line.split("=", 1)[1])
+            return port, _ccompat_url({"quarkus.http.port": str(port)})
+    raise ValueError(f"{data_dir / 'config' / 'application.properties'} names no port")
+
+
+def _registry_properties(port: int) -> dict[str, str]:
+    return {
         "quarkus.http.host": "127.0.0.1",
-        "quarkus.http.port": str(port or free_port()),
+        "quarkus.http.port": str(port),
         # Health and metrics: a port of their own, on loopback too.
         "quarkus.management.host": "127.0.0.1",
         "quarkus.management.port": str(free_port()),
-        # SQL storage on H2 with no URL of ours: an in-memory database of its own, gone with the JVM.
+        # SQL storage on H2; with no URL of ours, an in-memory database of its own, gone with the JVM.
         "apicurio.storage.kind": "sql",
         "apicurio.storage.sql.kind": "h2",
         # A schema registered again in another layout (JSON's whitespace) is the one already there,
         # its ID and version, as in Confluent's registry; by default Apicurio adds a version.
         "apicurio.ccompat.use-canonical-hash": "true",
     }
-    if user_info:
-        properties.update(_basic_auth_properties(user_info))
-    temporary_dir = Path(tempfile.mkdtemp(prefix="oncemore-registry-"))
-    # Quarkus reads config/application.properties in its working directory.
-    (temporary_dir / "config").mkdir()
-    (temporary_dir / "config" / "application.properties").write_text(
+
+
+def _registry_runner() -> Path:
+    return next(registry_app_dir().glob("apicurio-registry-app-*-runner.jar"))
+
+
+def _registry_command(runner: Path, directory: Path, properties: dict[str, str]) -> list[str]:
+    """Writes ``properties`` where Quarkus reads them (config/application.properties in its working
+    directory, ``directory``) and returns the command that runs Apicurio's ``runner`` there."""
+    (directory / "config").mkdir(exist_ok=True)
+    (directory / "config" / "application.properties").write_text(
         "".join(f"{key}={value}\n" for key, value in properties.items()))
-    (temporary_dir / "tmp").mkdir()  # the JVM's and Vert.x's temporary files
-    log_path = temporary_dir / "registry.log"
+    (directory / "tmp").mkdir(exist_ok=True)  # the JVM's and Vert.x's temporary files
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    command = [java, *REGISTRY_JVM_OPTIONS, f"-Djava.io.tmpdir={temporary_dir / 'tmp'}", "-jar", str(runner)]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=temporary_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT)
-    registry = DevRegistry(f"http://127.0.0.1:{properties['quarkus.http.port']}/apis/ccompat/v7", process,
-                           log_path, temporary_dir, user_info)
-    _registries.append((os.getpid(), registry))
-    try:
-        _wait_serving(registry, seconds)
-    except BaseException:
-        registry.stop()
-        raise
-    return registry
+    return [java, *REGISTRY_JVM_OPTIONS, f"-Djava.io.tmpdir={directory / 'tmp'}", "-jar", str(runner)]
+
+
+def _ccompat_url(properties: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{properties['quarkus.http.port']}/apis/ccompat/v7"
 
 
 def _basic_auth_properties(user_info: str) -> dict[str, str]:
@@ -126,14 +170,15 @@ def _basic_auth_properties(user_info: str) -> dict[str, str]:
     return {"quarkus.http.auth.basic": "true", f"quarkus.security.users.embedded.users.{user}": digest}
 
 
-def _wait_serving(registry: DevRegistry, seconds: float) -> None:
-    """Returns once the registry lists its subjects (its database is ready by then, and with
-    ``user_info`` it took the credentials); raises with its log's end if it exits or takes longer."""
-    request = urllib.request.Request(f"{registry.url}/subjects")
-    if registry.user_info:
-        request.add_header("Authorization", "Basic " + base64.b64encode(registry.user_info.encode()).decode())
+def _wait_serving(url: str, process: subprocess.Popen, log_path: Path, user_info: str | None,
+                  seconds: float) -> None:
+    """Returns once the registry at ``url`` lists its subjects (its database is ready by then, and
+    with ``user_info`` it took the credentials); raises with its log's end if it exits or takes longer."""
+    request = urllib.request.Request(f"{url}/subjects")
+    if user_info:
+        request.add_header("Authorization", "Basic " + base64.b64encode(user_info.encode()).decode())
     deadline, last_error = time.monotonic() + seconds, "its port never opened"
-    while registry.process.poll() is None and time.monotonic() < deadline:
+    while process.poll() is None and time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
                 answer.read()
@@ -143,12 +188,12 @@ def _wait_serving(registry: DevRegistry, seconds: float) -> None:
         except OSError as failure:  # not listening yet
             last_error = str(failure)
         time.sleep(0.1)
-    if registry.process.poll() is not None:
-        problem = f"exited with code {registry.process.returncode} while starting"
+    if process.poll() is not None:
+        problem = f"exited with code {process.returncode} while starting"
     else:
         problem = f"did not serve within {seconds:.0f}s ({last_error})"
-    tail = "".join(registry.log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
-    raise RuntimeError(f"the schema registry at {registry.url} {problem}; the end of its log:\n{tail}")
+    tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
+    raise RuntimeError(f"the schema registry at {url} {problem}; the end of its log:\n{tail}")
 
 
 @atexit.register
@@ -160,20 +205,6 @@ def _stop_registries_left_running() -> None:
             registry.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m devtools.schemaregistry", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, default=8081, help="0 picks a free port (default 8081)")
-    args = parser.parse_args(argv)
-    registry = start_registry(args.port)
-    print(registry.url, flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops it as Ctrl-C does
-    try:
-        registry.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        registry.stop()
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit(serve_main(None, prog="scripts/registry", what="the schema registry", name="registry",
+                                default_port=8081, start=start_detached_registry, address=detached_registry_address))
