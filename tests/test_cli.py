@@ -293,3 +293,22 @@ def test_check_of_a_topic_pattern_with_kafka_down_says_so_and_goes_on(make_pipel
     assert lines[1].startswith("FAILED by_pattern: kafka: pipeline by_pattern: cannot reach Kafka at 127.0.0.1:1: ")
     assert [line.split(":")[1].strip() for line in lines] == ["config", "kafka", "records", "table", "quarantine table",
                                                               "airflow"]
+
+
+def test_check_takes_config_files_of_any_name_as_every_command_does(tmp_path):
+    path = tmp_path / "by_pattern.pipeline"
+    path.write_text(yaml.safe_dump({
+        "name": "by_pattern", "source": {"bootstrap_servers": "127.0.0.1:1", "topic_pattern": "orders-.*"},
+        "sink": {"table_uri": str(tmp_path / "delta" / "by_pattern")}, "format": {"type": "raw"}}))
+    env = {"ONCEMORE_PIPELINES_DIR": str(tmp_path / "pipelines")}
+
+    alone = oncemore("check", "--config", str(path), env=env, check_no_spark=True)
+    mixed = oncemore("check", "missing", "--config", str(path), env=env, check_no_spark=True)
+
+    # Checked (Kafka is not there), not refused as a usage error (exit 2).
+    assert alone.returncode == 1, alone.stderr
+    lines = alone.stdout.splitlines()
+    assert lines[0].startswith("ok     by_pattern: config") and lines[1].startswith("FAILED by_pattern: kafka: ")
+    assert mixed.returncode == 1, mixed.stderr
+    assert mixed.stdout.splitlines()[0].startswith("FAILED ") and "missing" in mixed.stdout.splitlines()[0]
+    assert mixed.stdout.splitlines()[1:] == lines

@@ -136,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
                                                "failure; nothing is written)")
     check.add_argument("targets", nargs="*", metavar="PIPELINE | FILE",
                        help="pipeline names or YAML files (default: every file of the pipelines directory)")
+    check.add_argument("--config", action="append", default=[], help="a pipeline's YAML file of any name (repeatable)")
     _spark_options(check)  # Spark analyses a transform: started only for a pipeline that has one
     check.set_defaults(handler=_check)
     listing = commands.add_parser("list", help="the pipelines of the pipelines directory, and the files that do not "
@@ -363,10 +364,11 @@ def _check(_pipeline: None, args) -> int:
 
     loaded, checks = [], []
     directory, broken = load_all()
-    if args.targets:
-        for target in args.targets:
+    # A target is a file when it looks like one; --config names a file of any name.
+    targets = [(t, t.endswith((".yaml", ".yml")) or os.sep in t) for t in args.targets] + [(c, True) for c in args.config]
+    if targets:
+        for target, is_file in targets:
             try:
-                is_file = target.endswith((".yaml", ".yml")) or os.sep in target
                 loaded.append(load_pipeline(Path(target)) if is_file else load_named(target))
             except ConfigError as exc:
                 checks.append(Check(exc.source, "config", exc.summary))
