@@ -1,6 +1,7 @@
 """Faults at the broker: SASL SCRAM end to end with the password kept out of everything a person or
 another process can see, a wrong password or a broker that is down failing clearly within the
-configured timeout, a broker restarted mid-read, and records deleted (DeleteRecords) before a run."""
+configured timeout, a broker restarted mid-read, one killed mid-run (the run fails saying what to do,
+the rerun carries on), and records deleted (DeleteRecords) before a run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_exactly_once, oncemore, oncemore_commits, orders, process_list_watcher, read_pairs
-from oncemore.core.errors import DataLoss
+from oncemore.core.errors import DataLoss, TaskFailed
 from oncemore.run import runner
 
 PASSWORD = "pw-7d1e0c4a9b"  # random-looking, so finding it anywhere means it leaked
@@ -121,6 +122,48 @@ def test_a_broker_restarted_mid_read_is_waited_out_and_the_rerun_is_exact(own_br
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     again = runner.run(pipeline, spark_factory=lambda: spark)
     assert again.written == 0 and again.status == "no-op"
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+
+
+@pytest.mark.spark
+def test_a_broker_killed_mid_run_fails_once_the_stall_timeout_passes_saying_what_to_do_and_the_rerun_carries_on(
+        own_broker, make_pipeline, spark):
+    local = own_broker()
+    local.create_topic("killed", 3)
+    produced = local.produce("killed", orders(0, 30_000))
+    pipeline = make_pipeline("killed", source={"bootstrap_servers": local.bootstrap_servers, "stall_timeout_seconds": 4},
+                             limits={"max_records_per_commit": 3_000})
+    log_dir = Path(pipeline.sink.table_uri, "_delta_log")
+    killed_at: list[float] = []
+
+    def kill_after_the_first_commits():
+        deadline = time.monotonic() + 120
+        while len(list(log_dir.glob("*.json"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        local.kill()
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_after_the_first_commits)
+    killer.start()
+    with pytest.raises(TaskFailed) as failed:
+        runner.run(pipeline, spark_factory=lambda: spark)
+    waited = time.monotonic() - killed_at[0]
+    killer.join()
+
+    message = str(failed.value)
+    assert "no progress for 4s (source.stall_timeout_seconds) at offset " in message, message
+    assert "the broker is unreachable (" in message, message
+    assert message.endswith("start it (or restore the connection to it), then run again: what was committed stays, "
+                            "and the rerun carries on from there"), message
+    # The setting bounds the wait: its 4 s, telling the causes apart (3 s at most) and Spark ending the job.
+    assert 4 <= waited < 4 + 3 + 10, waited
+    committed = read_pairs(pipeline.sink.table_uri)
+    assert 0 < len(committed) < len(produced)
+
+    local.restart()
+    again = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert again.written == len(produced) - len(committed)
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 

@@ -58,7 +58,9 @@ def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_
 def test_missing_records_fail_after_the_stall_timeout_naming_partition_and_offset(broker, topic, make_pipeline):
     broker.produce(topic, [(1, None, b"{}", None)] * 5)
     pipeline = make_pipeline(topic)
-    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/1: no progress for 2s at offset 5 of range \[0, 50\)"):
+    with pytest.raises(KafkaReadError, match=rf"pipeline orders: {topic}/1: no progress for 2s "
+                                             rf"\(source.stall_timeout_seconds\) at offset 5 of range \[0, 50\): "
+                                             "the records are missing from the broker"):
         read(pipeline, 1, 0, 50, stall=2.0)
 
 

@@ -309,9 +309,10 @@ def read_messages(
     Stops once the consumer's position reaches ``end``: offsets held by transaction markers,
     aborted or compacted records are never delivered, so counting messages would wait forever.
     Fails (KafkaReadError naming the offsets) on a read error, an offset out of range, or when
-    the position does not move for ``stall_timeout`` seconds: a broker restart or a lost
-    connection (librdkafka reconnects on its own) is waited out for that long, then named; and
-    with KafkaAccessDenied when Kafka refuses READ on the topic.
+    the position does not move for ``stall_timeout`` seconds (a pipeline's
+    source.stall_timeout_seconds): a broker restart or a lost connection (librdkafka reconnects on
+    its own) is waited out for that long, then named with what to do (telling the causes apart
+    adds up to _PROBE_SECONDS); and with KafkaAccessDenied when Kafka refuses READ on the topic.
     Closing the generator early is fine; the consumer is assigned to this range alone.
     """
     consumer.assign([TopicPartition(topic, partition, start)])
@@ -355,22 +356,25 @@ def read_messages(
             position, last_progress = new_position, time.monotonic()
         elif time.monotonic() - last_progress > stall_timeout:
             cause = _stall_cause(consumer, topic, transient)
-            raise KafkaReadError(
-                f"{where}: no progress for {stall_timeout:.0f}s at offset {position} of range [{start}, {end}): {cause}")
+            raise KafkaReadError(f"{where}: no progress for {stall_timeout:.0f}s (source.stall_timeout_seconds) at "
+                                 f"offset {position} of range [{start}, {end}): {cause}")
 
 
 def _stall_cause(consumer: Consumer, topic: str, transient: KafkaError | None) -> str:
-    """Why a read made no progress: the broker unreachable (a fetch's error said so, or a metadata
-    request fails now: librdkafka reports a refused connection to its logs, not to consume()), else
-    the records are gone."""
+    """Why a read made no progress, and what to do: the broker unreachable (a fetch's error said
+    so, or a metadata request fails now: librdkafka reports a refused connection to its logs, not
+    to consume()), else the records are gone. Either way nothing of the range was committed, so
+    running again is safe."""
     if transient is None:
         try:
             consumer.list_topics(topic, timeout=_PROBE_SECONDS)
         except KafkaException as exc:
             transient = exc.args[0]
     if transient is not None:
-        return f"the broker is unreachable ({transient.name()}: {transient.str()})"
-    return "the records are missing from the broker (deleted, or the topic was recreated)"
+        return (f"the broker is unreachable ({transient.name()}: {transient.str()}); start it (or restore the "
+                "connection to it), then run again: what was committed stays, and the rerun carries on from there")
+    return ("the records are missing from the broker (deleted, or the topic was recreated); run again: its plan "
+            "reads the log anew and names what is gone")
 
 
 def _transient(error: KafkaError) -> bool:
