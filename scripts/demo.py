@@ -1,5 +1,6 @@
 """The embedded default end to end: a local Apache Kafka broker, sample orders, `oncemore run` twice
-(the second is a no-op), the table's row count and positions; Avro orders through a local schema
+(the second is a no-op), the table's row count and positions, all of the orders example
+(include/pipelines/examples/orders.yaml, the examples directory being the demo's pipelines directory); Avro orders through a local schema
 registry, Apicurio Registry (include/pipelines/examples/avro.yaml); Debezium change events applied by key
 (include/pipelines/examples/debezium_accounts.yaml); then the pipeline's Airflow DAG on SQLite
 (dag.test): a run after more data arrived, and a rerun that is a no-op."""
@@ -22,6 +23,9 @@ from devtools import kafkabroker
 from oncemore.config.loading import load_named, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
+# The demo's pipelines directory: its orders pipeline (and its DAG) and the other examples. The
+# shipped pipelines directory, include/pipelines/, holds none: it is a user's.
+EXAMPLES = ROOT / "include" / "pipelines" / "examples"
 
 
 def sample_orders(count: int):
@@ -39,12 +43,14 @@ def oncemore(*args: str) -> None:
 def main() -> None:
     data_dir = os.environ.setdefault("ONCEMORE_DATA_DIR", tempfile.mkdtemp(prefix="oncemore-demo-"))
     os.environ.setdefault("ONCEMORE_SPARK_MASTER", "local[2]")
+    os.environ["ONCEMORE_PIPELINES_DIR"] = str(EXAMPLES)
     with kafkabroker.running(kafkabroker.start_kafka()) as broker:
         os.environ["KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
         broker.create_topic("orders", 3)
         produced = broker.produce("orders", sample_orders(20_000))
         print(f"local Apache Kafka broker at {broker.bootstrap_servers}: produced {len(produced)} records to topic "
-              f"orders (3 partitions, 8 of them malformed); Delta tables under {data_dir}", flush=True)
+              f"orders (3 partitions, 8 of them malformed); pipelines in {EXAMPLES.relative_to(ROOT)}; Delta tables "
+              f"under {data_dir}", flush=True)
 
         oncemore("plan", "orders")
         oncemore("run", "orders")
@@ -94,7 +100,7 @@ def avro_orders(broker) -> None:
         broker.produce("orders_avro", records)
         print(f"\nlocal schema registry (Apicurio) at {registry.url}: 1000 Avro orders (nested, decimal, timestamp) "
               "to topic orders_avro", flush=True)
-        example = str(ROOT / "include" / "pipelines" / "examples" / "avro.yaml")
+        example = str(EXAMPLES / "avro.yaml")
         oncemore("run", "--config", example)
         table_uri = load_pipeline(example).sink.table_uri
         table = DeltaTable(table_uri)
@@ -114,7 +120,7 @@ def debezium_accounts(broker) -> None:
     produce(broker.bootstrap_servers, "shop.public.accounts", events, "shuffled", seed=1)
     print(f"\n{len(events)} Debezium change events of table shop.public.accounts (snapshot, creates, updates, "
           "deletes, tombstones) to topic shop.public.accounts, spread over 3 partitions out of order", flush=True)
-    example = str(ROOT / "include" / "pipelines" / "examples" / "debezium_accounts.yaml")
+    example = str(EXAMPLES / "debezium_accounts.yaml")
     oncemore("run", "--config", example)
     oncemore("run", "--config", example)  # nothing new: a no-op
     table_uri = load_pipeline(example).sink.table_uri

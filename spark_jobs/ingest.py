@@ -1,6 +1,6 @@
 """spark-submit entry point: one oncemore run (the same as `oncemore run`).
 
-    spark-submit --py-files oncemore.zip spark_jobs/ingest.py --config include/pipelines/orders.yaml \
+    spark-submit --py-files oncemore.zip spark_jobs/ingest.py --config include/pipelines/examples/orders.yaml \
         [--plan-file plan.json] [--until ...] [--run-id ...]
 
 The master and Spark settings come from spark-submit; the package travels in --py-files.

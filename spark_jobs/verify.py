@@ -1,6 +1,6 @@
 """spark-submit entry point: one audit of a pipeline's tables (the same as `oncemore verify`).
 
-    spark-submit --py-files oncemore.zip spark_jobs/verify.py --config include/pipelines/orders.yaml \
+    spark-submit --py-files oncemore.zip spark_jobs/verify.py --config include/pipelines/examples/orders.yaml \
         [--since VERSION] [--json] [--record]
 
 Exits 1 on a discrepancy. The master and Spark settings come from spark-submit; the package

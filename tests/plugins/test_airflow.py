@@ -53,12 +53,20 @@ def table_version(uri: str) -> int | None:
     return DeltaTable(uri).version() if Path(uri, "_delta_log").exists() else None
 
 
-def test_every_shipped_config_yields_a_dag_with_plan_ingest_report(monkeypatch):
-    monkeypatch.setenv("ONCEMORE_PIPELINES_DIR", str(ROOT / "include" / "pipelines"))
+def test_the_shipped_pipelines_directory_holds_no_pipeline_so_a_new_airflow_shows_no_dag(monkeypatch):
+    monkeypatch.delenv("ONCEMORE_PIPELINES_DIR", raising=False)
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert not bag.import_errors and not bag.dags
+    assert not list((ROOT / "include" / "pipelines").glob("*.y*ml")), "examples belong in include/pipelines/examples/"
+
+
+def test_every_example_yields_a_dag_with_plan_ingest_report(monkeypatch):
+    examples = ROOT / "include" / "pipelines" / "examples"
+    monkeypatch.setenv("ONCEMORE_PIPELINES_DIR", str(examples))
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert not bag.import_errors
-    names = sorted(p.stem for p in (ROOT / "include" / "pipelines").glob("*.yaml"))
-    maintained = [n for n in names if "maintenance:" in (ROOT / "include" / "pipelines" / f"{n}.yaml").read_text()]
+    names = sorted(p.stem for p in examples.glob("*.yaml"))
+    maintained = [n for n in names if "maintenance:" in (examples / f"{n}.yaml").read_text()]
     assert maintained, "the demo pipeline shows the maintenance block"
     assert sorted(bag.dags) == sorted([f"oncemore__{n}" for n in names] + [f"oncemore_maintain__{n}" for n in maintained])
     for name in maintained:
@@ -72,7 +80,7 @@ def test_every_shipped_config_yields_a_dag_with_plan_ingest_report(monkeypatch):
 
 
 def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_path, monkeypatch):
-    good = (ROOT / "include" / "pipelines" / "orders.yaml").read_text()
+    good = (ROOT / "include" / "pipelines" / "examples" / "orders.yaml").read_text()
     (tmp_path / "orders.yaml").write_text(good)
     (tmp_path / "payments.yaml").write_text(good.replace("name: orders", "name: payments").replace("delta/orders", "delta/payments"))
     (tmp_path / "broken.yaml").write_text(good.replace("name: orders", "name: broken").replace("topic: orders", "topic: [1, 2]"))
