@@ -25,6 +25,7 @@ import base64
 import datetime
 import hashlib
 import ipaddress
+import json
 import logging
 import os
 import shutil
@@ -576,6 +577,7 @@ def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: flo
         leaderless = [f"{topic.topic}-{partition.id}" for topic in metadata.topics.values()
                       for partition in topic.partitions.values() if partition.leader < 0 or partition.error]
         if metadata.brokers and not leaderless:
+            _wait_producer_ids(broker, deadline)
             return
         last_error = f"partitions without a leader: {', '.join(leaderless[:5])}" if leaderless else "no broker"
         time.sleep(0.05)
@@ -585,6 +587,28 @@ def _wait_kafka_ready(process: subprocess.Popen, broker: DevBroker, seconds: flo
         problem = f"did not serve within {seconds:.0f}s ({last_error})"
     raise RuntimeError(f"the Kafka broker on {broker.bootstrap_servers} {problem}; the end of {broker.log_path}:\n"
                        f"{_log_tail(broker.log_path)}{_log_tail(broker.log_path.parent / 'jvm.out')}")
+
+
+def _wait_producer_ids(broker: DevBroker, deadline: float) -> None:
+    """Returns once the broker hands out producer IDs. A broker gets its first block of them from
+    its controller on the first InitProducerId after each start and answers that one
+    COORDINATOR_LOAD_IN_PROGRESS (Kafka's RPCProducerIdManager): the first idempotent producer,
+    the demo's or a user's, retried it after 0.5-1 s and logged a librdkafka warning ("GETPID ...
+    Coordinator load in progress"). Asked here, that second costs the start rather than the
+    first producer, and nobody sees the retry. Raises if no ID is given by ``deadline``."""
+    states: list[str] = []
+    quiet = logging.getLogger("devtools.kafkabroker.start")  # the retries are what this waits out
+    quiet.propagate = False
+    quiet.addHandler(logging.NullHandler())
+    producer = Producer({**broker._client_config(), "enable.idempotence": True, "logger": quiet,
+                         # The idempotent producer's state is in its statistics; nothing is produced.
+                         "statistics.interval.ms": 20,
+                         "stats_cb": lambda stats: states.append(json.loads(stats).get("eos", {}).get("idemp_state"))})
+    while states[-1:] != ["Assigned"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Kafka broker on {broker.bootstrap_servers} gave no producer ID (its "
+                               f"idempotent producer's state: {states[-1:] or 'none'})")
+        producer.poll(0.02)
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:

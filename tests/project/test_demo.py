@@ -21,8 +21,9 @@ def test_the_demo_ingests_every_record_once_on_kafka_and_its_reruns_are_noops(tm
                           text=True, timeout=900)
 
     assert demo.returncode == 0, demo.stderr[-3000:]
-    # Quiet by default: oncemore's lines, none of Spark's or Airflow's start-up warnings or library chatter.
-    for noise in ("WARN", "warning", "Deprecat", "HTTP Request", "log4j"):
+    # Quiet by default: oncemore's lines, none of Spark's or Airflow's start-up warnings or library chatter
+    # (librdkafka's lines name their client: "GETPID [rdkafka#producer-3] ...").
+    for noise in ("WARN", "warning", "Deprecat", "HTTP Request", "log4j", "rdkafka"):
         assert noise not in demo.stdout + demo.stderr, noise
     assert "together 20000 of 20000 produced" in demo.stdout
     assert "no-op (nothing new to ingest)" in demo.stdout
