@@ -246,17 +246,17 @@ def test_check_finds_what_the_run_would_fail_on(broker, topic, make_pipeline, re
         "to one pipeline: point intruder's sink.table_uri at a table of its own." in elsewhere.stdout.splitlines()
 
 
-def test_the_readme_lists_every_command_and_option_the_cli_has():
+def test_the_cli_page_lists_every_command_and_option_the_cli_has():
     from oncemore.cli import _parser
 
-    block = (ROOT / "README.md").read_text().split("## CLI", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    block = (ROOT / "docs" / "cli.md").read_text().split("```bash", 1)[1].split("```", 1)[0]
     lines = {line.split()[1]: line for line in block.strip().splitlines() if len(line.split()) > 1}
     commands = next(a for a in _parser()._actions if a.dest == "command").choices
     assert set(lines) - {"--version"} == set(commands)
     for name, command in commands.items():
         options = {o for a in command._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--config"}
         missing = [o for o in sorted(options) if o not in lines[name]]
-        assert not missing, f"README's `oncemore {name}` lacks {missing}"
+        assert not missing, f"docs/cli.md's `oncemore {name}` lacks {missing}"
 
 
 def test_check_on_s3_finds_a_missing_bucket_and_writes_nothing_to_an_existing_one(broker, topic, make_pipeline,

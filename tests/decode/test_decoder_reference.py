@@ -2,7 +2,7 @@
 Spark's own ``from_avro`` (spark-avro, on a Connect server started with the Spark packages) and
 ``from_json``, over a corpus of schemas and edge values. Each case gives the same rows and the same
 types, or it is in ``KNOWN``: a named difference with its reason, asserted to be exactly what it is
-(so a change on either side fails here). The README's "Spark's decoders as the reference" lists
+(so a change on either side fails here). docs/pipelines.md's "Spark's decoders as the reference" lists
 the same differences.
 
 Spark runs in PERMISSIVE mode (from_json's default; from_avro's default is FAILFAST, where a record
@@ -14,7 +14,7 @@ dates compare as days and timestamps as microseconds since the epoch (Python's d
 year 9999); types compare as Spark's simple strings, nullability aside (oncemore makes every
 column nullable).
 
-Protobuf is not here: spark-protobuf is not served by Maven Central on this machine (README).
+Protobuf is not here: spark-protobuf is not served by Maven Central on this machine (docs/pipelines.md).
 """
 
 from __future__ import annotations

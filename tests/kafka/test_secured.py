@@ -1,6 +1,6 @@
 """A secured cluster: TLS, mutual TLS and SASL_SSL (SCRAM-SHA-512) listeners of one broker whose
 requests Kafka's StandardAuthorizer checks against ACLs. Each pipeline runs as a user with the
-rights the README lists (READ on its topics; READ on the mirror's group only with the mirror on)
+rights docs/pipelines.md lists (READ on its topics; READ on the mirror's group only with the mirror on)
 and ingests exactly; each missing right is named (topic or group, and the right) before anything
 is created, by `plan`, `run` and `check`; a denied mirror group is said once and costs no stall;
 certificate files are named with their option when they cannot be opened or loaded, by the

@@ -1,7 +1,7 @@
 """The Airflow UI in a real browser (headless Chromium driven by Playwright) against the real
 services: log in, create a backfill of an hourly pipeline from Airflow's own trigger dialog, check
 that its runs ingest exactly their intervals and that a rerun commits nothing, and check the
-oncemore page and the pipeline page (plots, quarantine sample) against the ledger. The README's
+oncemore page and the pipeline page (plots, quarantine sample) against the ledger. The docs'
 screenshots are taken here."""
 
 from __future__ import annotations
