@@ -483,9 +483,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     try:
         _format_kafka_storage([java, *_kafka_jvm_options(jars), *common], root, properties_path,
                               sasl and (sasl, user, password))
-        command = [java, *(_kafka_jvm_options(jars) if jvm_options is None else jvm_options), *common,
-                   f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={root / 'logs'}",
-                   "kafka.Kafka", str(properties_path)]
+        command = _kafka_command(java, jars, root, jvm_options)
         broker.launch = lambda: _launch_kafka(command, root, broker, seconds)
         broker.process = broker.launch()
         _kafka_brokers.append((os.getpid(), broker))
@@ -493,6 +491,14 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         broker.stop()
         raise
     return broker
+
+
+def _kafka_command(java: str, jars: Path, root: Path, jvm_options: list[str] | None) -> list[str]:
+    """The broker JVM of the data directory ``root`` (its server.properties, logs and temporary files)."""
+    return [java, *(_kafka_jvm_options(jars) if jvm_options is None else jvm_options),
+            f"-Djava.io.tmpdir={root / 'tmp'}", "-cp", str(jars / "*"),
+            f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={root / 'logs'}",
+            "kafka.Kafka", str(root / "server.properties")]
 
 
 def _kafka_jvm_options(jars: Path) -> list[str]:
@@ -692,12 +698,8 @@ def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90) 
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
     })
     properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
-    jars = kafka_jars_dir()
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    # start_kafka's broker command.
-    command = [java, *_kafka_jvm_options(jars), f"-Djava.io.tmpdir={data_dir / 'tmp'}", "-cp", str(jars / "*"),
-               f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
-               "kafka.Kafka", str(properties_path)]
+    command = _kafka_command(java, kafka_jars_dir(), data_dir, None)
     broker = DevBroker(f"127.0.0.1:{port}", log_path=data_dir / "logs" / "server.log")
     process = launch_detached(command, data_dir, data_dir / "logs" / "jvm.out")
     try:
