@@ -100,6 +100,16 @@ def s3_bucket(s3_server):
 
 
 @pytest.fixture(scope="session")
+def hive_metastore(tmp_path_factory):
+    """A Hive Metastore (devtools.hivemetastore: Apache Hive's standalone server on Derby) for the session."""
+    from devtools.hivemetastore import start_metastore
+
+    metastore = start_metastore(data_dir=tmp_path_factory.mktemp("metastore"))
+    yield metastore
+    metastore.stop()
+
+
+@pytest.fixture(scope="session")
 def spark():
     from oncemore.run.session import spark_session
 
