@@ -92,6 +92,17 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
          "at least 1 character"),
         ("upsert", {"keys": ["id"], "unavailable_value_placeholder": 7}, "upsert.unavailable_value_placeholder",
          "string"),
+        ("sink.catalog", {"type": "hive", "database": "bronze", "table": "orders"}, "sink.catalog.uri", "is required"),
+        ("sink.catalog", {"type": "hive", "uri": "http://metastore:9083", "database": "bronze", "table": "orders"},
+         "sink.catalog.uri", "should match pattern"),
+        ("sink.catalog", {"type": "glue", "uri": "thrift://metastore:9083", "database": "bronze", "table": "orders"},
+         "sink.catalog.uri", "unknown key (allowed: database, table, type)"),
+        ("sink.catalog", {"type": "unity", "database": "bronze", "table": "orders"}, "sink.catalog",
+         "needs a type: hive or glue"),
+        ("sink.catalog", {"database": "bronze", "table": "orders"}, "sink.catalog", "needs a type: hive or glue"),
+        ("sink.catalog", {"type": "glue", "database": "Bronze", "table": "orders"}, "sink.catalog.database",
+         "should match pattern"),
+        ("sink.catalog", {"type": "glue", "database": "bronze"}, "sink.catalog.table", "is required"),
     ],
 )
 def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):
@@ -138,6 +149,8 @@ def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path
                 target = target[key][0]
             else:
                 target = target.setdefault(key, {})
+        if block == "sink.catalog.":  # its keys depend on its type
+            target["type"] = "glue"
         target["tpyo"] = 1
         with pytest.raises(ConfigError) as error:
             load_pipeline(write(tmp_path, doc), ENV)

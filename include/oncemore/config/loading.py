@@ -191,7 +191,7 @@ def _problem(error: Mapping[str, Any]) -> tuple[str, str, str | None]:
     if context.get("key"):
         loc.append(context["key"])
     # Pydantic names the member of a union it tried (transform.PythonTransform.python): not a key.
-    members = {m.__name__ for m in _all_models(Pipeline)} | {m.__name__ for n in _all_models(Pipeline) for m in _models_in(n)}
+    members = {m.__name__ for m in _nested_models(Pipeline)}
     keys = [p for p in loc if p not in members | {"str", "int", "float", "bool"}]
     key, meant = ".".join(keys), None
     if error["type"] == "missing":
@@ -221,13 +221,22 @@ def _allowed_keys(loc: list[str]) -> list[str]:
         if field is not None:
             model = _model_of(field.annotation) or model
         # Otherwise a list index or the member of a union pydantic names (e.g. PythonTransform).
-        elif any(m.__name__ == part for m in _models_in(model)):
-            model = next(m for m in _models_in(model) if m.__name__ == part)
+        elif any(m.__name__ == part for m in _nested_models(Pipeline)):
+            model = next(m for m in _nested_models(Pipeline) if m.__name__ == part)
     return sorted(field.alias or name for name, field in model.model_fields.items())
 
 
 def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
     return [m for f in model.model_fields.values() for m in _all_models(f.annotation)]
+
+
+def _nested_models(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """``model`` and every model its fields hold, at any depth."""
+    found = {model}
+    for inner in _models_in(model):
+        if inner not in found:
+            found |= _nested_models(inner)
+    return found
 
 
 def _all_models(annotation: Any) -> list[type[BaseModel]]:

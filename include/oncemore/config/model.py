@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from oncemore.config.catalog import Catalog
 from oncemore.config.upsert import Upsert
 from oncemore.config.values import (
     Cron,
@@ -126,6 +127,9 @@ class Sink(_Model):
                                            "commit of the first data that has it; fail: any change stops the run")
     # Object-store options for delta-rs (AWS_ENDPOINT_URL, ...); empty for local tables.
     storage_options: Options = Field(default_factory=dict, description="delta-rs storage options; ${ENV} for secrets")
+    catalog: Catalog | None = Field(
+        default=None, description="register the tables in a catalog after each commit: {type: hive, uri: "
+                                  "thrift://host:port, database, table} or {type: glue, database, table}")
 
     @model_validator(mode="after")
     def _safe_commits_on_s3(self) -> "Sink":

@@ -87,6 +87,16 @@ class UnsupportedTable(OncemoreError):
     """An existing table asks writers for work oncemore does not do (constraints, features)."""
 
 
+class CatalogError(OncemoreError):
+    """The catalog of ``sink.catalog`` did not take the tables' registration (or did not answer).
+    Raised after the commits: the data is in the tables, and the next run registers them again."""
+
+
+class CatalogConflict(CatalogError):
+    """The catalog holds the name at another location, or the location under another name: oncemore
+    re-points or renames nothing it did not register itself."""
+
+
 def error_to_json(exc: BaseException) -> str:
     """An error as data, for one that must cross from a process that cannot raise it to the run
     (Spark's driver-side commit of a write): its type, one-line message and evidence."""

@@ -11,7 +11,8 @@ The phases, in the order they happen:
   fetches, records decoded to Arrow, Parquet files written (both tables');
 - ``validate``: the written files checked against the table and the ranges;
 - ``commit``: the Delta commits (quarantine, then main), positions re-checked;
-- ``mirror``: the positions mirrored to the consumer group.
+- ``mirror``: the positions mirrored to the consumer group;
+- ``catalog``: the tables registered in the catalog (``sink.catalog``), once at the run's end.
 
 Invariant: the phases of a run are counted once. The run-level ones (plan, spark_start, prepare)
 go into the record of the run's first commit that lands, no other; a record holds what happened
@@ -25,7 +26,8 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
-PHASES = ("plan", "spark_start", "prepare", "spark_job", "read", "decode", "write", "validate", "commit", "mirror")
+PHASES = ("plan", "spark_start", "prepare", "spark_job", "read", "decode", "write", "validate", "commit", "mirror",
+          "catalog")
 TASK_PHASES = ("read", "decode", "write")
 RUN_PHASES = ("plan", "spark_start", "prepare")
 

@@ -11,6 +11,10 @@ the batch goes on; a record still ahead of the reader changed for it fails the r
 instead of going round. Each run starts from the subjects' latest schemas: a writer it follows
 (an old producer after the latest version dropped a field) costs every run that meets it one
 more part. An empty plan returns before pyspark is even imported.
+
+With ``sink.catalog``, the run ends by registering the tables (catalog/registration.py), a no-op
+run too; a registration that fails makes the run fail after its commits, naming what it committed
+and the catalog's error (DESIGN.md 8: it never holds data back).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from functools import cached_property
 from typing import Callable
 
+from oncemore.catalog.registration import register
 from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import AheadRecord, RangeResult
 from oncemore.commit.merge import UpsertSpec
@@ -30,7 +35,7 @@ from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
 from oncemore.core.columns import key_columns
 from oncemore.core.coordinates import KafkaPartition, by_text
-from oncemore.core.errors import CommitConflict
+from oncemore.core.errors import CatalogError, CommitConflict
 from oncemore.core.stopwatch import RUN_PHASES, Stopwatch, one_line
 from oncemore.decode.resolve import ReaderBehind
 from oncemore.plan.handed import check_plan
@@ -78,9 +83,27 @@ def run(
         report.batches = [state.ingest(batch) for batch in plan.batches]
     else:
         report.batches = [BatchReport(b.seq, _ranges(b)) for b in plan.batches]
+    unregistered = None
+    if pipeline.sink.catalog is not None:
+        with watch.timing("catalog"):
+            unregistered = _register(pipeline)
     report.seconds, report.profile = time.monotonic() - started, watch.ms()
     log.info("%s: profile: %s", pipeline.name, one_line(report.profile))
+    if unregistered is not None:
+        raise CatalogError(f"{report.summary()}; but the tables are not registered: {unregistered}; the next run "
+                           "registers them", **unregistered.evidence, run=report.summary())
     return report
+
+
+def _register(pipeline: Pipeline) -> CatalogError | None:
+    """The tables registered in the pipeline's catalog after the commits (a no-op run too: it
+    registers what an earlier run could not); what went wrong, raised only once the run's report
+    is complete."""
+    try:
+        register(pipeline)
+    except CatalogError as exc:
+        return exc
+    return None
 
 
 def _ranges(batch: Batch) -> dict[KafkaPartition, tuple[int, int]]:
