@@ -17,6 +17,8 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
 from conftest import assert_exactly_once, read_pairs
+from devtools.kafkabroker import free_port
+from oncemore.core.errors import CatalogError
 from oncemore.run import runner
 
 pytestmark = pytest.mark.spark
@@ -97,3 +99,20 @@ def test_delta_spark_reads_the_registered_tables_by_name_after_evolution_too(bro
                                                f"{database}.orders_quarantine").collect()]
     assert_exactly_once(pairs, produced)
     assert sorted(pairs) == sorted(read_pairs(evolved.sink.table_uri) + read_pairs(evolved.sink.quarantine_uri))
+
+
+def test_a_run_whose_metastore_is_down_commits_fails_and_the_next_run_registers_what_it_committed(
+        broker, topic, make_pipeline, reader, hive_metastore):
+    database = f"bronze_{uuid.uuid4().hex[:8]}"
+    catalog = {"type": "hive", "uri": f"thrift://127.0.0.1:{free_port()}", "database": database, "table": "orders"}
+    produced = broker.produce(topic, [(i % 3, str(i).encode(), record(i), None) for i in range(20)])
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": RICH}, sink={"catalog": catalog})
+    with pytest.raises(CatalogError) as failed:
+        runner.run(pipeline, spark_factory=lambda: reader)
+    assert "orders: committed 1 batch(es), 20 records written, 0 quarantined, table version" in str(failed.value)
+    assert "but the tables are not registered: " in str(failed.value)
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)  # the commit landed, whole
+
+    live = make_pipeline(topic, format={"type": "json", "schema": RICH}, sink={"catalog": {**catalog, "uri": hive_metastore.uri}})
+    assert runner.run(live, spark_factory=lambda: reader).status == "no-op"
+    assert reader.sql(f"SELECT count(*) FROM {database}.orders").first()[0] == 20

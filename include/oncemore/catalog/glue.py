@@ -2,12 +2,14 @@
 location, create a database, create or update an external Delta table.
 
 The account, region, endpoint and credentials are AWS's standard environment and configuration
-(AWS_REGION, AWS_ENDPOINT_URL, AWS_PROFILE, an instance role, ...), as for any AWS tool; none of
+(AWS_REGION or AWS_DEFAULT_REGION, AWS_ENDPOINT_URL, AWS_PROFILE, an instance role, ...), as for any AWS tool; none of
 them passes through oncemore's config or its logs. Tables are shaped as delta-spark registers
 them through Glue (catalog/entries.py), with their columns, as Glue's Delta crawler keeps them.
 """
 
 from __future__ import annotations
+
+import os
 
 import boto3
 from botocore.config import Config
@@ -22,20 +24,15 @@ class GlueCatalog:
     """Glue's Data Catalog of the environment's account and region; a context manager."""
 
     def __init__(self):
-        self._client = boto3.client("glue", config=CLIENT_CONFIG)
+        # boto3 reads AWS_DEFAULT_REGION and profiles, not AWS_REGION, which the other AWS SDKs
+        # (and delta-rs) read: either names the region.
+        self._client = boto3.client("glue", region_name=os.environ.get("AWS_REGION") or None, config=CLIENT_CONFIG)
 
     def __enter__(self) -> "GlueCatalog":
         return self
 
     def __exit__(self, *_exc) -> None:
         self._client.close()
-
-    def has_database(self, database: str) -> bool:
-        try:
-            self._client.get_database(Name=database)
-            return True
-        except self._client.exceptions.EntityNotFoundException:
-            return False
 
     def create_database(self, database: str) -> None:
         try:

@@ -55,13 +55,6 @@ class HiveMetastore:
     def __exit__(self, *_exc) -> None:
         self._transport.close()
 
-    def has_database(self, database: str) -> bool:
-        try:
-            self._client.get_database(database)
-            return True
-        except NoSuchObjectException:
-            return False
-
     def create_database(self, database: str) -> None:
         """The database, in the metastore's warehouse (another run may have created it meanwhile)."""
         try:

@@ -61,42 +61,36 @@ def register(pipeline: Pipeline) -> list[str]:
 
 def catalog_state(pipeline: Pipeline) -> dict[str, Any]:
     """Whether the pipeline's tables are registered as they should be, read from the catalog
-    (nothing is written): ``registered``, the ``reason`` when not, the ``tables`` by name."""
+    (nothing is written): ``registered``, the ``reason`` when not and whether it is ``blocked`` (a
+    conflict or a catalog that does not answer, which no run gets past as it is), the ``tables`` by
+    name and how each stands, and the ``summary`` line status and the page show: "catalog:
+    registered as ..." or "catalog: not registered (reason)"."""
     catalog = pipeline.sink.catalog
-    state: dict[str, Any] = {"catalog": catalog.describe(), "database": catalog.database, "registered": False,
-                             "reason": None, "tables": {}}
+    state: dict[str, Any] = {"catalog": catalog.describe(), "registered": False, "reason": None, "tables": {},
+                             "blocked": True}
     try:
         wanted = entries(pipeline)
         with connect(pipeline) as client:
             assessed = [_assess(client, pipeline, entry) for entry in wanted]
     except CatalogConflict as exc:
-        state["reason"] = str(exc)
-        return state
+        assessed, state["reason"] = [], str(exc)
     except Exception as exc:  # the catalog did not answer, or refused
-        state["reason"] = f"the catalog did not answer: {_cause(exc)}"
-        return state
+        assessed, state["reason"] = [], f"the catalog did not answer: {_cause(exc)}"
+    state["blocked"] = state["reason"] is not None  # a conflict, or no answer: no run registers them as it is
     state["tables"] = {a.entry.qualified: a.state for a in assessed}
-    if not assessed:
-        state["reason"] = "no table yet: the first commit creates the tables, and the run registers them"
-        return state
     behind = [a for a in assessed if a.state != "registered"]
-    if behind:
+    if state["reason"] is None and not assessed:
+        state["reason"] = "no table yet: the first commit creates the tables, and its run registers them"
+    elif behind:
         state["reason"] = "; ".join(f"{a.entry.qualified} is {_STATES[a.state]}" for a in behind) + \
                           " (the next run registers it)"
-    else:
-        state["registered"] = True
+    state["registered"] = state["reason"] is None
+    state["summary"] = (f"catalog: registered as {', '.join(state['tables'])} ({state['catalog']})"
+                        if state["registered"] else f"catalog: not registered ({state['reason']})")
     return state
 
 
 _STATES = {"missing": "not in the catalog", "outdated": "registered with other columns than the table's"}
-
-
-def describe_state(state: dict[str, Any]) -> str:
-    """``catalog_state`` in one line (status, the page): "catalog: registered as ..." or
-    "catalog: not registered (reason)"."""
-    if state["registered"]:
-        return f"catalog: registered as {', '.join(state['tables'])} ({state['catalog']})"
-    return f"catalog: not registered ({state['reason']}) ({state['catalog']})"
 
 
 def connect(pipeline: Pipeline):

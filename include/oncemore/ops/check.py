@@ -6,7 +6,8 @@ topics' identity, positions within the log), the schema registry has the subject
 read, what the records become (the table's schema from them and from the transform, as Spark's
 analysis says: columns a transform, an expectation or ``partition_by`` names that do not exist
 are named here, not by the run), and each table location holds a table oncemore can write and
-that takes that schema, or is a place where the first run can create one. One ``Check`` per line.
+that takes that schema, or is a place where the first run can create one; with ``sink.catalog``, the
+catalog answers and nothing there is in the way of the tables' names. One ``Check`` per line.
 
 Invariant: it writes nothing anywhere. Kafka is asked for the whole cluster's metadata (a named
 topic's Metadata request may auto-create it), DescribeTopics and ListOffsets, a fetch at the end of
@@ -15,7 +16,8 @@ one partition per topic (READ), and for the mirror an offset of a topic that doe
 that never had a consumer group creates its internal ``__consumer_offsets`` topic when the
 fetch's consumer asks for its group's coordinator, as every librdkafka consumer does), the
 registry for the subjects' latest schemas, storage for a table's log or the directory or bucket a table would go
-in: no table, directory, consumer group or topic is created. Spark is started only for a pipeline
+in, the catalog for the tables and databases it holds: no table, directory, consumer group, topic or
+catalog entry is created. Spark is started only for a pipeline
 with a transform or expectations, and reads no record. Whether an object store takes writes can
 only be learned by writing, so there the check says it was not tried.
 """
@@ -88,6 +90,8 @@ def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> l
     if all(c.ok for c in registry + tables):
         tables.insert(0, _records(pipeline, topics, spark_factory))
     checks += tables
+    if pipeline.sink.catalog is not None:
+        checks.append(_catalog(pipeline))
     airflow = pipeline.airflow
     checks.append(Check(name, "airflow", None, "no airflow block: no DAG (CLI only)" if airflow is None else
                         f"a DAG on {airflow.schedule} (UTC) from {airflow.start_date.isoformat()}"))
@@ -215,6 +219,19 @@ def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
         if missing:
             return Check(pipeline.name, what, f"{table_uri} is not a quarantine table: it has no {', '.join(missing)}")
     return Check(pipeline.name, what, None, f"{table_uri}: a Delta table at version {table.version()} oncemore can write")
+
+
+def _catalog(pipeline: Pipeline) -> Check:
+    """The catalog answers, and holds no name or location in the way of the tables' registration
+    (read only: registering is the run's)."""
+    from oncemore.catalog.registration import catalog_state
+
+    state = catalog_state(pipeline)
+    if state["blocked"]:
+        return Check(pipeline.name, "catalog", state["reason"])
+    if state["registered"]:
+        return Check(pipeline.name, "catalog", None, f"{state['catalog']}: {state['summary'].removeprefix('catalog: ')}")
+    return Check(pipeline.name, "catalog", None, f"{state['catalog']} answers; {state['reason']}")
 
 
 def _cause(exc: Exception) -> str:

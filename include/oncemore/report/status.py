@@ -1,7 +1,8 @@
 """Reading a pipeline back: per-partition status (positions, log bounds, lag in records and in
 time), an upsert pipeline's recent batches by what their events did (inserted, updated, deleted,
 stale: commit/merge.py's counts, as each commit's record states them), and the freshness check
-of a pipeline's ``alert`` limits."""
+of a pipeline's ``alert`` limits; with ``sink.catalog``, whether its tables are registered there
+(asked of the catalog each time: nothing is kept between runs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import time
 from typing import Any, Sequence
 
+from oncemore.catalog.registration import catalog_state
 from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core.coordinates import KafkaPartition
@@ -74,6 +76,8 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
             "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics))}
+    if pipeline.sink.catalog is not None:
+        data["catalog"] = catalog_state(pipeline)
     if pipeline.upsert is not None:
         data["upsert"] = {"keys": list(pipeline.upsert.keys), "sequence_by": pipeline.upsert.sequence_by,
                           "batches": [upsert_counts(e) for e in recent if e.record.reset is None
@@ -128,6 +132,8 @@ def format_status(data: dict[str, Any]) -> str:
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:
         lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))
+    if "catalog" in data:
+        lines.append(data["catalog"]["summary"])
     for topic, gone in data["gone"].items():
         lines.append(f"topic {topic} is gone ({gone['why']}): nothing more is read from it; positions kept at "
                      f"{json.dumps(gone['positions'])}")
