@@ -101,6 +101,8 @@ def test_a_catalog_that_does_not_answer_fails_the_run_after_it_and_a_later_no_op
         make_pipeline, topic, hive_metastore):
     down = f"thrift://127.0.0.1:{free_port()}"  # nothing listens there
     pipeline = make_pipeline(topic, sink={"catalog": catalog(down)})
+    before = {c.what: c for c in check_pipeline(pipeline, lambda: None)}["catalog"]  # asked before any table exists
+    assert not before.ok and before.problem.startswith("the catalog did not answer: TTransportException")
     create_tables(pipeline.sink.table_uri, pipeline.sink.quarantine_uri)
 
     failed = oncemore("run", "--config", pipeline.origin, check_no_spark=True)

@@ -66,16 +66,21 @@ def catalog_state(pipeline: Pipeline) -> dict[str, Any]:
     name and how each stands, and the ``summary`` line status and the page show: "catalog:
     registered as ..." or "catalog: not registered (reason)"."""
     catalog = pipeline.sink.catalog
-    state: dict[str, Any] = {"catalog": catalog.describe(), "registered": False, "reason": None, "tables": {},
-                             "blocked": True}
+    state: dict[str, Any] = {"catalog": catalog.describe(), "registered": False, "reason": None, "tables": {}}
+    assessed: list[Assessment] = []
     try:
         wanted = entries(pipeline)
+    except Exception as exc:  # a table's log that cannot be read (status and check say so on their own)
+        wanted, state["reason"] = [], f"the tables could not be read: {_cause(exc)}"
+    try:
         with connect(pipeline) as client:
             assessed = [_assess(client, pipeline, entry) for entry in wanted]
+            if not wanted:  # asked all the same: whether it answers is worth knowing before the first run
+                client.get(catalog.database, catalog.table)
     except CatalogConflict as exc:
-        assessed, state["reason"] = [], str(exc)
+        state["reason"] = str(exc)
     except Exception as exc:  # the catalog did not answer, or refused
-        assessed, state["reason"] = [], f"the catalog did not answer: {_cause(exc)}"
+        state["reason"] = state["reason"] or f"the catalog did not answer: {_cause(exc)}"
     state["blocked"] = state["reason"] is not None  # a conflict, or no answer: no run registers them as it is
     state["tables"] = {a.entry.qualified: a.state for a in assessed}
     behind = [a for a in assessed if a.state != "registered"]
