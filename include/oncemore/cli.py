@@ -31,8 +31,6 @@ from oncemore.plan.planner import Plan, describe, plan_run
 from oncemore.report.status import format_status, status
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130  # 130: a shell's code for a command ended by Ctrl-C
-# Commits read back to count what an interrupted run had committed.
-RECENT_RUN_COMMITS = 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", action="store_true",
                      help="print where the run's time went, per phase (planning, Spark start, read, decode, write, "
                           "commit, ...)")
+    run.add_argument("--accept-quarantine", action="store_true",
+                     help="commit batches over the pipeline's quarantine limit (with --until: only the one a run named)")
     run.add_argument("--kafka-overrides-file", type=Path,
                      help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
@@ -137,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("targets", nargs="*", metavar="PIPELINE | FILE",
                        help="pipeline names or YAML files (default: every file of the pipelines directory)")
     check.add_argument("--config", action="append", default=[], help="a pipeline's YAML file of any name (repeatable)")
+    check.add_argument("--sample", type=int, metavar="N",
+                       help="also read the latest N offsets of each partition through the formats, the transform and "
+                            "the expectations, and print what a run would quarantine and why (nothing is written)")
     _spark_options(check)  # Spark analyses a transform: started only for a pipeline that has one
     check.set_defaults(handler=_check)
     listing = commands.add_parser("list", help="the pipelines of the pipelines directory, and the files that do not "
@@ -256,32 +259,22 @@ def _log_file(name: str) -> Path:
 
 def _run(pipeline: Pipeline, args) -> int:
     from oncemore.run.runner import new_run_id, run
+    from oncemore.run.runreport import committed_by
 
     plan = Plan.from_json(args.plan_file.read_text()) if args.plan_file else None
     run_id = args.run_id or new_run_id()
     try:
         with _spark_for(pipeline.name, args) as spark:
-            report = run(pipeline, _until(args.until), run_id=run_id, plan=plan, spark_factory=spark)
+            report = run(pipeline, _until(args.until), run_id=run_id, plan=plan, spark_factory=spark,
+                         accept_quarantine=args.accept_quarantine)
     except KeyboardInterrupt:
-        print(f"oncemore: interrupted: {_committed_by(pipeline, run_id)}; a rerun carries on from the table's "
+        print(f"oncemore: interrupted: {committed_by(pipeline, run_id)}; a rerun carries on from the table's "
               "positions", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(report.summary())
     if args.profile:
         print(as_table(report.profile, report.seconds))
     return 0
-
-
-def _committed_by(pipeline: Pipeline, run_id: str) -> str:
-    """What run ``run_id`` had committed, from the table (a batch's commit is whole or absent)."""
-    from oncemore.plan.ledger import Ledger
-
-    commits = [e for e in Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options
-                                 ).recent_batches(RECENT_RUN_COMMITS) if e.record.run_id == run_id]
-    if not commits:
-        return f"pipeline {pipeline.name}: run {run_id} had committed nothing"
-    return (f"pipeline {pipeline.name}: run {run_id} had committed {len({e.record.batch_seq for e in commits})} "
-            f"batch(es), table version {max(e.version for e in commits)}")
 
 
 def _verify(pipeline: Pipeline, args) -> int:
@@ -362,6 +355,8 @@ def _list(_pipeline: None, _args) -> int:
 def _check(_pipeline: None, args) -> int:
     from oncemore.ops.check import Check, check_pipeline
 
+    if args.sample is not None and args.sample < 1:
+        raise ValueError(f"--sample {args.sample}: read at least 1 offset of each partition")
     loaded, checks = [], []
     directory, broken = load_all()
     # A target is a file when it looks like one; --config names a file of any name.
@@ -385,7 +380,7 @@ def _check(_pipeline: None, args) -> int:
         print(check.line(), flush=True)
     with _spark_for("check", args) as spark:
         for pipeline in loaded:
-            for check in check_pipeline(pipeline, spark):
+            for check in check_pipeline(pipeline, spark, sample=args.sample):
                 checks.append(check)
                 print(check.line(), flush=True)
     return 0 if all(c.ok for c in checks) else EXIT_FAILURE

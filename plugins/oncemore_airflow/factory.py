@@ -72,6 +72,10 @@ def build_dag(pipeline: Pipeline) -> DAG:
                             "latest for a manual run without one.",
             ),
             "dry_run": Param(False, type="boolean", description="Only compute and show the plan; commit nothing."),
+            "accept_quarantine": Param(
+                False, type="boolean",
+                description="Commit batches that quarantine more than the pipeline's quarantine limit (a failed "
+                            "run names its batch; set until to that batch's offsets to accept only it)."),
         },
         doc_md=_doc(pipeline),
     ) as dag:

@@ -70,7 +70,9 @@ class OncemorePlanOperator(BaseOperator, SkipMixin):
 
 class OncemoreIngestOperator(SparkSubmitOperator):
     """spark-submit of ``spark_jobs/ingest.py`` with the plan task's plan; the job checks it
-    against the table's positions and the topic before reading, and again before each commit.
+    against the table's positions and the topic before reading, and again before each commit. A
+    run that fails (a batch over the quarantine limit among other causes) exits non-zero, and so
+    the task fails; param ``accept_quarantine`` is the run's ``--accept-quarantine``.
 
     The plan travels in a file (a plan of many partitions and batches outgrows a command-line
     argument), the core package as --py-files, and Kafka settings from the connection in a file
@@ -92,6 +94,8 @@ class OncemoreIngestOperator(SparkSubmitOperator):
             plan_file.write_text(plan)
             self.application_args = ["--config", self.config_path, "--plan-file", str(plan_file),
                                      "--run-id", context["run_id"]]
+            if context["params"].get("accept_quarantine"):
+                self.application_args.append("--accept-quarantine")
             if overrides:
                 overrides_file = Path(directory) / "kafka.json"
                 overrides_file.touch(mode=0o600)
@@ -135,7 +139,8 @@ class OncemoreConnectIngestOperator(BaseOperator):
             return sessions[-1]
 
         try:
-            report = run(pipeline, run_id=context["run_id"], plan=plan, spark_factory=session)
+            report = run(pipeline, run_id=context["run_id"], plan=plan, spark_factory=session,
+                         accept_quarantine=bool(context["params"].get("accept_quarantine")))
         finally:
             for opened in sessions:
                 stop_session(opened)  # the server keeps running, and the session for the next run

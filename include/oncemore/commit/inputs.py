@@ -56,7 +56,9 @@ class RangeResult:
     a writer schema ahead of the reader may stop it early: ``schema_ahead`` says where, an
     AheadRecord as text), holding ``records`` data records (transaction markers and aborted records
     hold offsets but no record), ``quarantined`` of which could not be stored; ``files`` hold what
-    this task wrote of them; ``seconds`` what the range took to read, decode and write (core/stopwatch.py)."""
+    this task wrote of them; ``seconds`` what the range took to read, decode and write (core/stopwatch.py);
+    ``hours`` its rows written and quarantined by the hour of their Kafka timestamp (rows a transform
+    shapes are counted where the sink writes them, run/deltasink.py)."""
 
     topic: str
     partition: int
@@ -69,6 +71,7 @@ class RangeResult:
     files: tuple[DataFile, ...]
     schema_ahead: str | None = None  # str(AheadRecord)
     seconds: Mapping[str, float] = field(default_factory=dict)  # {read, decode, write}
+    hours: Mapping[str, list[int]] = field(default_factory=dict)  # core/hours.py: of the rows this task stored
 
     @property
     def key(self) -> KafkaPartition:

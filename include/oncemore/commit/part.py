@@ -9,6 +9,8 @@ tasks and the files its writing tasks report (run/deltasink.py). Either way:
 - every file is validated (exists, its size, the table's schema, offsets inside the covered range);
 - every record read is accounted for: written + quarantined + filtered, none negative (a
   transform that makes two rows of one record is refused before any commit);
+- a part that quarantined more than the pipeline's ``quarantine`` limit allows fails before any
+  commit, its files deleted (share.py), unless the run accepts it;
 - the quarantine table commits first; the main commit, which moves positions over quarantined
   records too, is made only once the quarantine table holds its part of the range (this part's
   commit, or another run's of the same records); otherwise the part is discarded and the batch
@@ -31,10 +33,17 @@ import pyarrow.parquet as pq
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.inputs import RangeResult, changes_uri
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
-from oncemore.core import crashpoints
-from oncemore.core.columns import CHANGE_COLUMN, QUARANTINE_SCHEMA
+from oncemore.commit.share import QuarantineLimit, Reason, commonest, judge
+from oncemore.core import crashpoints, hours
+from oncemore.core.columns import (
+    CHANGE_COLUMN,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    QUARANTINE_SCHEMA,
+    TOPIC_COLUMN,
+)
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
-from oncemore.core.errors import CommitConflict, InvalidDataFile
+from oncemore.core.errors import CommitConflict, InvalidDataFile, QuarantineExceeded
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
 from oncemore.core.storage import filesystem
 from oncemore.plan.commitinfo import CommitInfo, Gap
@@ -64,6 +73,7 @@ class Part:
     topic_ids: Mapping[str, str | None]
     cluster_id: str | None
     log_end: Mapping[KafkaPartition, int]
+    quarantine_limit: QuarantineLimit  # the pipeline's quarantine block, and whether this run accepts more
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
     profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
     may_filter: bool = False  # a transform may drop records; without one, every record read is a row
@@ -94,6 +104,7 @@ class Part:
         data["partitions"] = tuple(KafkaPartition.parse(p) for p in data["partitions"])
         data["partition_by"] = tuple(data["partition_by"])
         data["gaps"] = tuple(Gap(**g) for g in data["gaps"])
+        data["quarantine_limit"] = QuarantineLimit(**data["quarantine_limit"])
         if data["upsert"] is not None:
             data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
         return cls(**data)
@@ -108,6 +119,7 @@ class Written:
     files: tuple[DataFile, ...] = ()
     violations: Mapping[str, int] = field(default_factory=dict)  # {expectation: rows}
     violations_by_partition: Mapping[KafkaPartition, int] = field(default_factory=dict)
+    hours: Mapping[str, list[int]] = field(default_factory=dict)  # core/hours.py: rows written and quarantined
     write_seconds: float = 0.0  # task time writing them
 
 
@@ -121,6 +133,7 @@ class PartOutcome:
     bytes_read: int
     schema_ahead: str | None  # the record whose writer schema the reader lacks (inputs.AheadRecord as text)
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} of this part (core/stopwatch.py)
+    quarantine_accepted: bool = False  # over the quarantine limit, committed because the run accepts it
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -160,12 +173,20 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
         validate_files(part.changes_uri, change_files, change_schema(table_schema), (), read, storage_options)
     records = _accounted(part, kept, main_files + change_files, written, read)
+    try:
+        over_limit = judge(part.quarantine_limit, part.pipeline, part.batch_seq, read, records,
+                           lambda: _reasons(part, quarantine_files, storage_options))
+    except QuarantineExceeded:
+        _delete(part, files, storage_options)  # offered to no commit
+        delete_files(part.changes_uri, change_files, storage_options)
+        raise
     # An upsert part's events reduced before any commit: a part that cannot be applied commits nothing.
     changes = _changes(part, change_files, table_schema, storage_options) if part.upsert is not None else None
     crashpoints.reach("validated")
 
     def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
-        return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms())
+        return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms(),
+                           over_limit)
 
     if all(part.expected.get(p) == end for p, (_, end) in read.items()):
         # Cut before its first record (a newer writer schema) with no position to record: a part
@@ -181,7 +202,13 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         log_end=nested({p: part.log_end[p] for p in read if p in part.log_end}),
         duration_ms=int(time.time() * 1000) - part.started_ms,
         profile={**{p: part.profile[p] for p in RUN_PHASES if p in part.profile}, **watch.ms()},
+        hours=hours.merged(*(r.hours for r in kept), written.hours),
+        quarantine_accepted=over_limit,
     )
+    if over_limit:
+        log.warning("pipeline %s: batch %d quarantined %d of its %d records, over the quarantine limit; committed "
+                    "because the run accepts it (--accept-quarantine)", part.pipeline, part.batch_seq,
+                    records["quarantined"], sum(records.values()))
     new_positions = {p: e for p, (_, e) in read.items()}
     quarantine_version = None
     if quarantine_files:
@@ -244,6 +271,15 @@ def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], 
     total = {"written": sum(rows.values()), "quarantined": sum(quarantined.values())}
     total["filtered"] = sum(records.values()) - total["written"] - total["quarantined"]
     return total
+
+
+def _reasons(part: Part, files: list[DataFile], storage_options: Mapping[str, str] | None) -> list[Reason]:
+    """The commonest reasons among the part's quarantine rows, read from its files (rows below the
+    quarantine table's position are there already, not in them)."""
+    fs, root = filesystem(part.quarantine_uri, storage_options)
+    columns = ["error", TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]
+    rows = [pq.read_table(f"{root}/{f.path}", columns=columns, filesystem=fs) for f in files]
+    return commonest(row for t in rows for row in zip(*(t.column(c).to_pylist() for c in columns)))
 
 
 def _commit(part: Part, ledger: Ledger, files, expected, new_positions, record) -> CommitOutcome:

@@ -232,6 +232,14 @@ class Limits(_Model):
     max_bytes_per_task: Positive = 256 << 20
 
 
+class Quarantine(_Model):
+    """How much of a batch may be quarantined: more fails it before its commits (commit/share.py)."""
+
+    max_fraction: float = Field(default=0.5, gt=0, le=1, strict=False, description="the share of a batch's records "
+                                "(written, quarantined or filtered) that may be quarantined (1: any)")
+    min_quarantined: StrictInt = Field(default=10, ge=1, description="fewer quarantined never fail a batch")
+
+
 class AirflowSettings(_Model):
     """How the pipeline's DAG runs (a pipeline without this block has no DAG: CLI only). Runs cover
     data intervals of ``schedule``."""
@@ -310,6 +318,7 @@ class Pipeline(_Model):
     expectations: tuple[Expectation, ...] = ()
     upsert: Upsert | None = Field(default=None, description="apply change events by key (MERGE); without it, append")
     limits: Limits = Limits()
+    quarantine: Quarantine = Quarantine()
     fail_on_data_loss: StrictBool = True
     # Mirror the table's positions to consumer group oncemore.<name> after each commit, for lag
     # tools (kafka-consumer-groups, Burrow, exporters). Never read back: the Delta log is the truth.

@@ -53,6 +53,11 @@ class CommitConflict(OncemoreError):
     """Positions moved while a batch was being written, in a way no retry of this batch can fix."""
 
 
+class QuarantineExceeded(OncemoreError):
+    """A part of a batch quarantined more of its records than the pipeline's ``quarantine`` limit
+    allows: nothing of it was committed, its records stay in Kafka (commit/share.py)."""
+
+
 class CommitNotFound(OncemoreError):
     """A commit that delta-rs reported done is not in the log after it (never a reason to delete its files)."""
 

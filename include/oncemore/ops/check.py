@@ -19,7 +19,9 @@ registry for the subjects' latest schemas, storage for a table's log or the dire
 in, the catalog for the tables and databases it holds: no table, directory, consumer group, topic or
 catalog entry is created. Spark is started only for a pipeline
 with a transform or expectations, and reads no record. Whether an object store takes writes can
-only be learned by writing, so there the check says it was not tried.
+only be learned by writing, so there the check says it was not tried. With ``sample``, the latest
+records of each partition are read through the formats, transform and expectations (sample.py),
+writing nothing.
 """
 
 from __future__ import annotations
@@ -54,11 +56,12 @@ class Check:
         return f"{'ok    ' if self.ok else 'FAILED'} {self.subject}: {self.what}: {self.detail if self.ok else self.problem}"
 
 
-def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> list[Check]:
+def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object], sample: int | None = None) -> list[Check]:
     """Every check of a loaded pipeline (module docstring), in order; a check that could not be
     asked because an earlier one failed is not listed. A check failing in a way nobody foresaw is
     a failed check too, never the end of the others. ``spark_factory()``: the session that
-    analyses a transform (called only for a pipeline that has one, or expectations)."""
+    analyses a transform (called only for a pipeline that has one, or expectations). ``sample``:
+    read that many of each partition's latest offsets (sample.py) once every check above passed."""
     name = pipeline.name
     checks = [Check(name, "config", None, pipeline.origin)]
     topics = list(pipeline.source.topic_names or ())  # the configured ones (none for a pattern) until Kafka answers
@@ -92,6 +95,11 @@ def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object]) -> l
     checks += tables
     if pipeline.sink.catalog is not None:
         checks.append(_catalog(pipeline))
+    if sample is not None:
+        from oncemore.ops.sample import sample_checks  # it builds on this module's Check
+
+        checks += sample_checks(pipeline, sample, spark_factory) if all(c.ok for c in checks) else [
+            Check(name, "sample", "not read: a check above failed")]
     airflow = pipeline.airflow
     checks.append(Check(name, "airflow", None, "no airflow block: no DAG (CLI only)" if airflow is None else
                         f"a DAG on {airflow.schedule} (UTC) from {airflow.start_date.isoformat()}"))

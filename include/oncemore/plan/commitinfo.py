@@ -13,7 +13,10 @@ topic, ``records.filtered`` (records a transform dropped) and ``expectations`` (
 rows a deliberate deletion (``oncemore delete``) removed from the table, by their offsets; 8
 ``stream_ms``: per partition of an upsert batch, the greatest Kafka timestamp of its change events
 (the stream's time ``oncemore maintain`` measures tombstone retention in), and ``resequence``: an
-accepted change of ``upsert.sequence_by`` (``oncemore resequence``), from and to.
+accepted change of ``upsert.sequence_by`` (``oncemore resequence``), from and to; 9 ``hours``: rows
+written and quarantined per hour of their Kafka timestamp (core/hours.py), and
+``quarantine_accepted``: the batch quarantined more than the pipeline's limit and a run accepting
+it committed it (commit/share.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from oncemore import __version__
 from oncemore.core.coordinates import KafkaPartition, flat
 
 METADATA_KEY = "oncemore"
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
 
@@ -79,6 +82,8 @@ class CommitInfo:
     log_end: Nested = field(default_factory=dict)  # {topic: {partition: last stable offset when planned}}
     duration_ms: int = 0  # reading, writing and committing this batch
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} (core/stopwatch.py)
+    hours: Mapping[str, list[int]] = field(default_factory=dict)  # {hour: [written, quarantined]} (core/hours.py)
+    quarantine_accepted: bool = False  # over the quarantine limit, committed by a run that accepts it
     reset: Reset | None = None
     deletion: Deletion | None = None
     stream_ms: Nested = field(default_factory=dict)  # {topic: {partition: ms}}: upserts, the greatest Kafka timestamp read

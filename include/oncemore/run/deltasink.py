@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from oncemore.commit.committer import delete_files
 from oncemore.commit.inputs import RangeResult
 from oncemore.commit.part import Part, Written, change_schema, commit_part
+from oncemore.core import hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
     INVALID_COLUMN,
@@ -67,6 +68,7 @@ class WrittenFiles(WriterCommitMessage):
     violations: dict[str, int]
     violations_by_partition: dict[str, int]
     write_seconds: float = 0.0
+    hours: dict[str, list[int]] | None = None  # core/hours.py: the rows this task wrote and quarantined
 
 
 class DeltaSinkDataSource(DataSource):
@@ -106,20 +108,15 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         quarantine = TableWriter("quarantine", self.part.quarantine_uri, QUARANTINE_SCHEMA, (), self.storage)
         violations: Counter = Counter()
         by_partition: Counter = Counter()
-        verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(self.expectations))]
+        counted: hours.Hours = {}
         watch = Stopwatch()
         for batch in iterator:
-            rows = pa.Table.from_batches([batch])
-            errors = self._failed_expectations(rows, verdicts, violations)
-            rows = rows.drop_columns(verdicts)
-            if self.part.upsert is not None:
-                errors.update(self._inapplicable(rows))
-                rows = rows.drop_columns([INVALID_COLUMN])
-            for i, message in unstorable_partition_values(rows, self.part.partition_by).items():
-                errors.setdefault(i, message)
+            rows, errors = classified(pa.Table.from_batches([batch]), self.part.pipeline, self.expectations,
+                                      self.part.upsert is not None, self.part.partition_by, violations)
             if errors:
                 failing = sorted(errors)
                 bad = rows.take(failing)
+                hours.count(counted, _timestamps(bad), hours.QUARANTINED)
                 for text in (f"{t}/{p}" for t, p in zip(bad.column(TOPIC_COLUMN).to_pylist(),
                                                          bad.column(PARTITION_COLUMN).to_pylist())):
                     by_partition[text] += 1
@@ -129,44 +126,13 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                 keep = pa.array([i not in errors for i in range(rows.num_rows)])
                 rows = rows.filter(keep)
             if rows.num_rows:
+                hours.count(counted, _timestamps(rows), hours.WRITTEN)
                 with watch.timing("write"):
                     main.write(conform(rows, schema))
         with watch.timing("write"):
             files = main.close() + quarantine.close()
-        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition), watch.seconds["write"])
-
-    def _failed_expectations(self, rows: pa.Table, verdicts: list[str], violations: Counter) -> dict[int, str]:
-        errors: dict[int, str] = {}
-        for expectation, column in zip(self.expectations, verdicts):
-            failing = pc.indices_nonzero(pc.invert(rows.column(column))).to_pylist()
-            if not failing:
-                continue
-            violations[expectation["name"]] += len(failing)
-            if expectation["on_fail"] == "fail":
-                first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(failing[0], 1).to_pylist()[0]
-                raise ExpectationFailed(
-                    f"pipeline {self.part.pipeline}: expectation {expectation['name']} failed for "
-                    f"{first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset {first[OFFSET_COLUMN]} "
-                    f"({len(failing)} rows of this task); nothing was committed",
-                    expectation=expectation["name"], topic=first[TOPIC_COLUMN], partition=first[PARTITION_COLUMN],
-                    offset=first[OFFSET_COLUMN])
-            for i in failing:
-                errors.setdefault(i, f"expectation {expectation['name']} failed")
-        return errors
-
-    def _inapplicable(self, rows: pa.Table) -> dict[int, str]:
-        """Change rows that cannot be applied, by row (shape/changes.py says why); a Debezium truncate
-        fails the task, naming where it is: its deletes are not in the stream."""
-        truncates = pc.indices_nonzero(pc.fill_null(pc.equal(rows.column(CHANGE_COLUMN), "truncate"), False)).to_pylist()
-        if truncates:
-            first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(truncates[0], 1).to_pylist()[0]
-            raise TruncateRefused(
-                f"pipeline {self.part.pipeline}: {first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset "
-                f"{first[OFFSET_COLUMN]}: a Debezium truncate (op t) cannot be applied by key; nothing was committed "
-                "(empty the table with oncemore delete, then reset past it)", topic=first[TOPIC_COLUMN],
-                partition=first[PARTITION_COLUMN], offset=first[OFFSET_COLUMN])
-        invalid = rows.column(INVALID_COLUMN)
-        return {i: invalid[i].as_py() for i in pc.indices_nonzero(pc.is_valid(invalid)).to_pylist()}
+        return WrittenFiles([f.__dict__ for f in files], dict(violations), dict(by_partition), watch.seconds["write"],
+                            counted)
 
     def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
         """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
@@ -201,6 +167,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             violations_by_partition={KafkaPartition.parse(k): v for k, v in
                                      sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
             write_seconds=sum(m.write_seconds for m in messages if m),
+            hours=hours.merged(*(m.hours or {} for m in messages if m)),
         )
         staging.put(COMMIT_BEGUN, "{}")
         try:
@@ -216,6 +183,66 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
         for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):
             delete_files(uri, [f for f in files if f.table == table], self.storage)
+
+
+def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, partition_by,
+               violations: Counter) -> tuple[pa.Table, dict[int, str]]:
+    """Shaped rows without the expectations' verdicts (and an upsert's invalid column), and why each
+    row that cannot be written goes to the quarantine table instead, by row: an expectation it fails
+    (``on_fail: quarantine``; ``violations`` counts every expectation's failures), a change that
+    cannot be applied, a partition value a table cannot hold. ExpectationFailed for an expectation
+    whose ``on_fail`` is ``fail``, TruncateRefused for a Debezium truncate. The sink's tasks and
+    ``oncemore check --sample`` (ops/sample.py) judge rows with it alike."""
+    verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(expectations))]
+    errors = _failed_expectations(rows, pipeline, expectations, verdicts, violations)
+    rows = rows.drop_columns(verdicts)
+    if upsert:
+        errors.update(_inapplicable(rows, pipeline))
+        rows = rows.drop_columns([INVALID_COLUMN])
+    for i, message in unstorable_partition_values(rows, partition_by).items():
+        errors.setdefault(i, message)
+    return rows, errors
+
+
+def _failed_expectations(rows: pa.Table, pipeline: str, expectations: list[dict], verdicts: list[str],
+                         violations: Counter) -> dict[int, str]:
+    errors: dict[int, str] = {}
+    for expectation, column in zip(expectations, verdicts):
+        failing = pc.indices_nonzero(pc.invert(rows.column(column))).to_pylist()
+        if not failing:
+            continue
+        violations[expectation["name"]] += len(failing)
+        if expectation["on_fail"] == "fail":
+            first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(failing[0], 1).to_pylist()[0]
+            raise ExpectationFailed(
+                f"pipeline {pipeline}: expectation {expectation['name']} failed for "
+                f"{first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset {first[OFFSET_COLUMN]} "
+                f"({len(failing)} rows of this task); nothing was committed",
+                expectation=expectation["name"], topic=first[TOPIC_COLUMN], partition=first[PARTITION_COLUMN],
+                offset=first[OFFSET_COLUMN])
+        for i in failing:
+            errors.setdefault(i, f"expectation {expectation['name']} failed")
+    return errors
+
+
+def _inapplicable(rows: pa.Table, pipeline: str) -> dict[int, str]:
+    """Change rows that cannot be applied, by row (shape/changes.py says why); a Debezium truncate
+    fails the task, naming where it is: its deletes are not in the stream."""
+    truncates = pc.indices_nonzero(pc.fill_null(pc.equal(rows.column(CHANGE_COLUMN), "truncate"), False)).to_pylist()
+    if truncates:
+        first = rows.select([TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN]).slice(truncates[0], 1).to_pylist()[0]
+        raise TruncateRefused(
+            f"pipeline {pipeline}: {first[TOPIC_COLUMN]}/{first[PARTITION_COLUMN]} offset "
+            f"{first[OFFSET_COLUMN]}: a Debezium truncate (op t) cannot be applied by key; nothing was committed "
+            "(empty the table with oncemore delete, then reset past it)", topic=first[TOPIC_COLUMN],
+            partition=first[PARTITION_COLUMN], offset=first[OFFSET_COLUMN])
+    invalid = rows.column(INVALID_COLUMN)
+    return {i: invalid[i].as_py() for i in pc.indices_nonzero(pc.is_valid(invalid)).to_pylist()}
+
+
+def _timestamps(rows: pa.Table) -> pa.ChunkedArray | None:
+    """The rows' Kafka timestamps, which a transform may have dropped (hours.count then counts none)."""
+    return rows.column(TIMESTAMP_COLUMN) if TIMESTAMP_COLUMN in rows.column_names else None
 
 
 def _python_rows(table: pa.Table) -> list[dict]:

@@ -37,8 +37,9 @@ class PartLost(OncemoreError):
     """The sink's commit began but left no outcome: a commit of this part may or may not have landed."""
 
 
-def _reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
-    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``."""
+def source_reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
+    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``, each
+    the ranges one task reads."""
     reader = (
         spark.read.format(source.name())
         .option("pipeline", pipeline.name)
@@ -60,7 +61,7 @@ def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
 
     register_source(spark, KafkaIngestDataSource)
     try:
-        rows = _reader(spark, KafkaIngestDataSource, pipeline, spec, groups, budget).load().collect()
+        rows = source_reader(spark, KafkaIngestDataSource, pipeline, spec, groups, budget).load().collect()
     except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
         raise task_failure(exc, pipeline.name, groups) from exc
     return [RangeResult.from_json(row["range"]) for row in rows]
@@ -74,7 +75,8 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
     register_source(spark, KafkaRecordsDataSource)
     register_source(spark, DeltaSinkDataSource)
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
-    records = _reader(spark, KafkaRecordsDataSource, pipeline, spec, groups, budget).option("staging", part.staging_id).load()
+    records = source_reader(spark, KafkaRecordsDataSource, pipeline, spec, groups, budget).option(
+        "staging", part.staging_id).load()
     shaped = shape(records)
     keeps_rows = reads_records(shaped)
     if not keeps_rows:

@@ -17,6 +17,8 @@ Spark redacts the secret ones.
   crossing into the JVM costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
+  Without option ``staging`` (``oncemore check --sample``) it writes nothing: no RangeResult, and
+  no quarantine row, its spec's quarantine floors being the ranges' ends.
 
 Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
 partitions), each importing this module: what only reading needs (the Kafka client, decoders,
@@ -235,11 +237,11 @@ class KafkaRecordsDataSource(DataSource):
 class KafkaRecordsReader(_TaskReader):
     """Records that go through Spark: each range's good rows yielded, its quarantine rows written
     to the quarantine table's files, and its RangeResult put in the part's staging area (option
-    ``staging``), where the sink's commit takes it."""
+    ``staging``), where the sink's commit takes it; without that option, nowhere."""
 
     def __init__(self, options):
         super().__init__(options)
-        self.staging = options["staging"]
+        self.staging = options.get("staging")
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
@@ -252,6 +254,7 @@ class KafkaRecordsReader(_TaskReader):
         decoder = self.spec.decoder()
         for item in decode_ranges(self.ranges(task), self.spec, decoder, self.part_starts):
             if isinstance(item, RangeResult):
-                staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
+                if self.staging is not None:
+                    staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
             else:
                 yield from item.cast(decoder.schema).to_batches()

@@ -10,7 +10,10 @@ table evolved for it) or, when the table cannot take it, refuses it (its records
 the batch goes on; a record still ahead of the reader changed for it fails the run (ReaderBehind)
 instead of going round. Each run starts from the subjects' latest schemas: a writer it follows
 (an old producer after the latest version dropped a field) costs every run that meets it one
-more part. An empty plan returns before pyspark is even imported.
+more part. An empty plan returns before pyspark is even imported. A part that quarantined more
+than the pipeline's ``quarantine`` limit fails the run before its commits (commit/share.py), unless
+the run accepts it (``accept_quarantine``): then it commits, and its record and the run's report
+say so.
 
 With ``sink.catalog``, the run ends by registering the tables (catalog/registration.py), a no-op
 run too; a registration that fails makes the run fail after its commits, naming what it committed
@@ -30,6 +33,7 @@ from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import AheadRecord, RangeResult
 from oncemore.commit.merge import UpsertSpec
 from oncemore.commit.part import Part, PartOutcome, Written, commit_part
+from oncemore.commit.share import QuarantineLimit
 from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
@@ -62,6 +66,7 @@ def run(
     run_id: str | None = None,
     plan: Plan | None = None,
     spark_factory: Callable[[], object] | None = None,
+    accept_quarantine: bool = False,
 ) -> RunReport:
     started = time.monotonic()
     run_id = run_id or new_run_id()
@@ -77,7 +82,7 @@ def run(
         crashpoints.reach("planned")
         if spark_factory is None:
             from oncemore.run.session import spark_session as spark_factory
-        state = _Run(pipeline, plan, run_id, main, spark_factory, watch)
+        state = _Run(pipeline, plan, run_id, main, spark_factory, watch, accept_quarantine)
         state.prepare(lambda: prepare(pipeline, list(plan.topics), lambda: state.spark))
         state.progress = Progress(pipeline.name, len(plan.batches), plan.offsets_left(positions))
         report.batches = [state.ingest(batch) for batch in plan.batches]
@@ -116,8 +121,10 @@ class _Run:
     sizes, and where its time went."""
 
     def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, main: Ledger, spark_factory: Callable[[], object],
-                 watch: Stopwatch):
+                 watch: Stopwatch, accept_quarantine: bool):
         self.pipeline, self.plan, self.run_id, self.main, self.watch = pipeline, plan, run_id, main, watch
+        self.quarantine_limit = QuarantineLimit(pipeline.quarantine.max_fraction, pipeline.quarantine.min_quarantined,
+                                                accept_quarantine)
         self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, pipeline.sink.storage_options)
         self.where = f"pipeline {pipeline.name}"
         self.run_phases_recorded = False  # in the record of the run's first commit
@@ -213,6 +220,7 @@ class _Run:
             topic_ids={t: i.topic_id for t, i in plan.identities.items()},
             cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
             log_end={p: plan.bounds[p].latest for p in left if p in plan.bounds},
+            quarantine_limit=self.quarantine_limit,
             profile={} if self.run_phases_recorded else self.watch.ms(RUN_PHASES),
             may_filter=self.pipeline.transform is not None,
             upsert=self._upsert(),
@@ -242,6 +250,7 @@ class _Run:
                 for name, count in outcome.records.items():
                     if name not in ("written", "quarantined"):
                         report.events[name] = report.events.get(name, 0) + count
+            report.quarantine_accepted = report.quarantine_accepted or outcome.quarantine_accepted
             report.versions.append(outcome.version)
             if self.mirror is not None:
                 held = self.main.positions(self.plan.bounds)

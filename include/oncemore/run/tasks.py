@@ -7,7 +7,8 @@ Two ways, one decoder and one file writer per table:
 - ``decode_ranges`` (records go through Spark): the good rows are handed to Spark, the bad ones go
   to the quarantine table's files, and the RangeResults (written to the part's staging area,
   staging.py) list those; the sink's tasks write the main table's files (run/deltasink.py).
-A task writes a file per table for its ranges, not one per range (``TaskFiles``): a topic of 1,000
+``sample_ranges`` decodes the same way and keeps both kinds of rows in memory, writing nothing
+(``oncemore check --sample``). A task writes a file per table for its ranges, not one per range (``TaskFiles``): a topic of 1,000
 partitions made 1,000 files and a megabyte of Delta log per commit. The quarantine table keeps only
 rows at or after its own position (``quarantine_floors``: what an earlier crash between a batch's
 two commits already committed is not written again), a range may stop early at its byte budget or
@@ -30,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from oncemore.commit.inputs import AheadRecord, RangeResult
-from oncemore.core.columns import OFFSET_COLUMN, QUARANTINE_SCHEMA, schema_from_text, schema_text
+from oncemore.core import hours
+from oncemore.core.columns import OFFSET_COLUMN, QUARANTINE_SCHEMA, TIMESTAMP_COLUMN, schema_from_text, schema_text
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.stopwatch import TASK_PHASES, Stopwatch
 from oncemore.decode.decoder import SchemaAhead
@@ -147,6 +149,7 @@ class _RangeDecoding:
         self.quarantine = quarantine
         self.floor = spec.quarantine_floors[f"{records.topic}/{records.partition}"]
         self.count = self.quarantined = 0
+        self.hours: hours.Hours = {}  # rows written (counted by the caller that writes them) and quarantined
         self.schema_ahead: str | None = None
         self.watch = Stopwatch()
 
@@ -194,6 +197,7 @@ class _RangeDecoding:
                 good = good.filter(keep)
         self.count += batch.num_rows
         self.quarantined += bad.num_rows
+        hours.count(self.hours, bad.column(TIMESTAMP_COLUMN), hours.QUARANTINED)
         if bad.num_rows:
             with self.watch.timing("write"):
                 self.quarantine.write(bad.filter(pc.greater_equal(bad.column(OFFSET_COLUMN), self.floor)))
@@ -205,7 +209,7 @@ class _RangeDecoding:
         records = self.records
         return RangeResult(records.topic, records.partition, records.start, records.end, records.reached,
                            records.bytes_read, self.count, self.quarantined, (), self.schema_ahead,
-                           {p: round(self.watch.seconds[p], 6) for p in TASK_PHASES})
+                           {p: round(self.watch.seconds[p], 6) for p in TASK_PHASES}, self.hours)
 
 
 def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
@@ -217,10 +221,33 @@ def ingest_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: Recor
             main, quarantine = writers = files.writers(records)
             decoding = _RangeDecoding(records, spec, decoder, True, quarantine)
             for good in decoding.rows():
+                hours.count(decoding.hours, good.column(TIMESTAMP_COLUMN), hours.WRITTEN)
                 with decoding.watch.timing("write"):
                     main.write(conform(good, spec.table_schema))
             yield from files.done(decoding.result(), writers)
         yield from files.close()
+
+
+class _KeptRows:
+    """Stands in for the quarantine table's writer where nothing may be written: keeps the rows."""
+
+    def __init__(self):
+        self.tables: list[pa.Table] = []
+
+    def write(self, table: pa.Table) -> None:
+        self.tables.append(table)
+
+
+def sample_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,
+                  check_partitions: bool) -> tuple[list[RangeResult], list[pa.Table], pa.Table]:
+    """Ranges decoded as a task decodes them, in this process, writing nothing: their RangeResults,
+    the good rows, and the quarantine rows (QUARANTINE_SCHEMA, with the reasons)."""
+    results, good, bad = [], [], _KeptRows()
+    for records in ranges:
+        decoding = _RangeDecoding(records, spec, decoder, check_partitions, bad)
+        good += list(decoding.rows())
+        results.append(decoding.result())
+    return results, good, pa.concat_tables(bad.tables) if bad.tables else QUARANTINE_SCHEMA.empty_table()
 
 
 def decode_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoder: RecordDecoder,

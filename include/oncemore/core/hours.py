@@ -1,0 +1,57 @@
+"""Rows counted by the hour of their Kafka timestamp, [written, quarantined] per hour: what a commit
+records (``CommitInfo.hours``), so the oncemore page charts records by when they were produced, as
+Airflow users read data intervals, not by when a (catch-up) run committed them.
+
+Hours are keyed by their start as ISO-8601 text (``2026-11-25T10:00:00Z``). A row without a
+timestamp (null, or a transform that dropped ``_kafka_timestamp``) is not counted: the page places
+what a commit's hours leave out at the commit's own time, so every record is charted once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+WRITTEN, QUARANTINED = 0, 1
+_HOUR_US = 3_600_000_000
+# A commit whose records span more hours than this keeps no hours (its record stays small): the page
+# charts it at its commit time.
+MAX_HOURS = 24 * 31
+
+Hours = dict[str, list[int]]  # {hour: [written, quarantined]}
+
+
+def hour_text(epoch_hour: int) -> str:
+    return datetime.fromtimestamp(epoch_hour * 3600, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def hour_ms(text: str) -> int:
+    """The hour's start in epoch milliseconds."""
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def count(into: Hours, timestamps: pa.Array | pa.ChunkedArray | None, slot: int) -> None:
+    """Adds each row of ``timestamps`` to its hour's ``slot`` (WRITTEN or QUARANTINED) in ``into``;
+    a column that is not a timestamp counts nothing."""
+    if timestamps is None or not pa.types.is_timestamp(timestamps.type) or len(timestamps) == 0:
+        return
+    micros = timestamps.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    # Arrow's integer division truncates towards zero: an hour before 1970 starts one lower.
+    hours = pc.divide(pc.subtract(micros, pc.if_else(pc.less(micros, 0), _HOUR_US - 1, 0)), _HOUR_US)
+    for found in pc.value_counts(pc.drop_null(hours)).to_pylist():
+        into.setdefault(hour_text(found["values"]), [0, 0])[slot] += found["counts"]
+
+
+def merged(*counts: Mapping[str, list[int]]) -> Hours:
+    """The sum of several ``Hours``; {} when they span more than MAX_HOURS hours."""
+    total: dict[str, Counter] = {}
+    for hours in counts:
+        for hour, figures in hours.items():
+            total.setdefault(hour, Counter()).update(dict(enumerate(figures)))
+    if len(total) > MAX_HOURS:
+        return {}
+    return {hour: [total[hour][WRITTEN], total[hour][QUARANTINED]] for hour in sorted(total)}
