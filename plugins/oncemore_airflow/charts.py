@@ -1,4 +1,4 @@
-"""Inline SVG charts for the oncemore page: drawn on the server from the ledger's figures, so the
+"""Inline SVG charts for the oncemore page (``pipeline_charts``: a pipeline page's plots): drawn on the server from the ledger's figures, so the
 page needs no JavaScript, no CDN and no chart library in the api-server, renders in one response
 and shows the same in a screenshot. Every mark carries its figure as a tooltip (``<title>``) and
 a ``data-value`` attribute, which the browser tests check against the ledger."""
@@ -6,10 +6,28 @@ a ``data-value`` attribute, which the browser tests check against the ledger."""
 from __future__ import annotations
 
 from html import escape
-from typing import Sequence
+from typing import Any, Sequence
 
 WIDTH, HEIGHT, PAD = 720, 180, 36
 MAX_BAR = 48  # a few hours of history still look like bars, not a wall
+
+
+def pipeline_charts(data: dict[str, Any]) -> dict[str, str]:
+    """A pipeline page's plots (SVG) from its overview: records per hour of their Kafka timestamp
+    (the hour a record belongs to, as a data interval does, whenever a run committed it), the lag
+    after each commit, and the records quarantined per hour."""
+    hours = data["per_hour"]
+    labels = [h["hour"][:13].replace("T", " ") + "h" for h in hours]
+    lag = data["lag_after_commit"]
+    return {
+        "records": bar_chart(labels, [("written", "#2e86c1", [h["written"] for h in hours]),
+                                      ("quarantined", "#e67e22", [h["quarantined"] for h in hours])],
+                             "Records ingested per hour of their Kafka timestamp (written, quarantined)"),
+        "lag": line_chart([f"v{p['version']} {p['time'][:16]}" for p in lag], [p["lag"] for p in lag],
+                          "Lag after each commit (records behind the log end it planned to)"),
+        "quarantine": bar_chart(labels, [("quarantined", "#e67e22", [h["quarantined"] for h in hours])],
+                                "Records quarantined per hour of their Kafka timestamp"),
+    }
 
 
 def bar_chart(labels: Sequence[str], series: Sequence[tuple[str, str, Sequence[int]]], title: str) -> str:

@@ -1,9 +1,10 @@
 """The oncemore page of the Airflow UI: a FastAPI app the api-server mounts at ``/oncemore`` (the
 plugin's ``fastapi_apps``), shown in the UI's navigation as an embedded view (``external_views``).
 
-``/`` lists every pipeline with its per-partition position, log end, lag and last commit, and its
-recent batches (an upsert pipeline's with what their events did: inserted, updated, deleted,
-stale); ``/pipelines/<name>`` adds plots of the batch history and a quarantine sample;
+``/`` lists every pipeline with its per-partition position, log end, lag and last commit, its
+quarantine rate beside its limit, and its recent batches (an upsert pipeline's with what their
+events did: inserted, updated, deleted, stale); ``/pipelines/<name>`` adds plots of the batch
+history (records per hour of their Kafka timestamp, lag after each commit) and a quarantine sample;
 ``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.report.overview``: the
 Delta logs and Kafka, read-only. Access follows Airflow's: the caller's token (the UI's session
 cookie or a bearer token) must allow reading the pipeline's DAG.
@@ -106,18 +107,6 @@ def index_page(request: Request, user: GetUserDep):
 def pipeline_page(request: Request, name: str, user: GetUserDep):
     data = one_overview(name, user)
     if data["error"] is None:
-        hours = data["per_hour"]
-        lag = data["lag_after_commit"]
-        data["charts"] = {
-            "records": charts.bar_chart(
-                [h["hour"][:13].replace("T", " ") + "h" for h in hours],
-                [("written", "#2e86c1", [h["written"] for h in hours]),
-                 ("quarantined", "#e67e22", [h["quarantined"] for h in hours])],
-                "Records ingested per hour (written, quarantined)"),
-            "lag": charts.line_chart([f"v{p['version']} {p['time'][:16]}" for p in lag], [p["lag"] for p in lag],
-                                     "Lag after each commit (records behind the log end it planned to)"),
-            "quarantine": charts.bar_chart(
-                [h["hour"][:13].replace("T", " ") + "h" for h in hours],
-                [("quarantined", "#e67e22", [h["quarantined"] for h in hours])], "Records quarantined per hour"),
-        }
+        data["charts"] = charts.pipeline_charts(data)
     return templates.TemplateResponse(request, "pipeline.html", data)
+

@@ -12,24 +12,26 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from oncemore.commit.share import records_read, value_head
 from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
+from oncemore.core import hours
 from oncemore.core.storage import filesystem
 from oncemore.plan.ledger import CommitEntry, Ledger
-from oncemore.report.status import UPSERT_COUNTS, status
+from oncemore.report.status import UPSERT_COUNTS, describe_rate, status
 from oncemore.report.verdict import Discrepancy, last_result
 
 HISTORY_COMMITS = 500
 BATCHES_SHOWN = 20
 QUARANTINE_SAMPLE = 10
-VALUE_HEAD_BYTES = 80
 _HOUR_MS = 3_600_000
+HOURS_SHOWN = 7 * 24  # the per-hour series' newest hours
 
 
 # The page's ledgers live as long as the process (the API server): a view only brings their
@@ -64,6 +66,7 @@ def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
     data["verified"] = _verified(pipeline)
+    data["quarantine"]["line"] = describe_rate(data["quarantine"])
     if detail:
         data["per_hour"] = per_hour(history)
         data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
@@ -84,18 +87,28 @@ def _verified(pipeline: Pipeline) -> dict[str, Any] | None:
 
 
 def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
-    """Records written and quarantined per hour of commit time, oldest hour first, empty hours
-    between included."""
-    written: dict[int, int] = defaultdict(int)
-    quarantined: dict[int, int] = defaultdict(int)
+    """Records written and quarantined per hour of their Kafka timestamp (each commit's ``hours``),
+    as Airflow users read data intervals: a catch-up run's commits show under the hours their
+    records belong to, not the hour they were committed. What a commit's hours leave out (commits
+    before record format 8, rows whose timestamp a transform dropped) counts at its commit's hour,
+    so every record is charted once. Oldest hour first, empty hours between included, at most the
+    newest HOURS_SHOWN hours."""
+    counted: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for entry in history:
-        hour = entry.timestamp_ms // _HOUR_MS
-        written[hour] += entry.record.records.get("written", 0)
-        quarantined[hour] += entry.record.records.get("quarantined", 0)
-    if not written:
+        rest = [entry.record.records.get("written", 0), entry.record.records.get("quarantined", 0)]
+        for hour, figures in entry.record.hours.items():
+            for slot in (hours.WRITTEN, hours.QUARANTINED):
+                counted[hours.hour_ms(hour) // _HOUR_MS][slot] += figures[slot]
+                rest[slot] -= figures[slot]
+        if any(rest):
+            for slot in (hours.WRITTEN, hours.QUARANTINED):
+                counted[entry.timestamp_ms // _HOUR_MS][slot] += rest[slot]
+    if not counted:
         return []
-    return [{"hour": format_timestamp_ms(h * _HOUR_MS), "written": written[h], "quarantined": quarantined[h]}
-            for h in range(min(written), max(written) + 1)]
+    newest = max(counted)
+    shown = [(h, counted.get(h, [0, 0])) for h in range(max(min(counted), newest - HOURS_SHOWN + 1), newest + 1)]
+    return [{"hour": format_timestamp_ms(h * _HOUR_MS), "written": figures[hours.WRITTEN],
+             "quarantined": figures[hours.QUARANTINED]} for h, figures in shown]
 
 
 def quarantine_sample(pipeline: Pipeline, quarantine: Ledger, limit: int = QUARANTINE_SAMPLE) -> list[dict[str, Any]]:
@@ -113,15 +126,12 @@ def quarantine_sample(pipeline: Pipeline, quarantine: Ledger, limit: int = QUARA
         columns=["_kafka_topic", "_kafka_partition", "_kafka_offset", "error", "value"])
     rows = rows.take(pc.sort_indices(rows, [("_kafka_offset", "descending")])[:limit]).to_pylist()
     return [{"topic": r["_kafka_topic"], "partition": r["_kafka_partition"], "offset": r["_kafka_offset"], "error": r["error"],
-             "value_head": _head(r["value"])} for r in rows]
+             "value_head": value_head(r["value"])} for r in rows]
 
 
-def _head(value: bytes | None) -> str:
-    if value is None:
-        return ""
-    text = value[:VALUE_HEAD_BYTES].decode("utf-8", errors="backslashreplace")
-    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # control bytes visible
-    return shown + ("…" if len(value) > VALUE_HEAD_BYTES else "")
+def _rate(records: Mapping[str, int]) -> float | None:
+    read = records_read(records)
+    return records.get("quarantined", 0) / read if read else None
 
 
 def _batch(entry: CommitEntry) -> dict[str, Any]:
@@ -132,6 +142,7 @@ def _batch(entry: CommitEntry) -> dict[str, Any]:
         "ranges": {str(p): list(r) for p, r in sorted(record.partition_ranges().items())},
         "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
         "filtered": record.records.get("filtered", 0), "expectations": dict(record.expectations),
+        "quarantine_rate": _rate(record.records), "quarantine_accepted": record.quarantine_accepted,
         "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
         "reset": record.reset is not None,
         **{c: record.records[c] for c in UPSERT_COUNTS if c in record.records},  # an upsert's batch

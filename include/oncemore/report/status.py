@@ -1,7 +1,8 @@
 """Reading a pipeline back: per-partition status (positions, log bounds, lag in records and in
-time), an upsert pipeline's recent batches by what their events did (inserted, updated, deleted,
-stale: commit/merge.py's counts, as each commit's record states them), and the freshness check
-of a pipeline's ``alert`` limits; with ``sink.catalog``, whether its tables are registered there
+time), the quarantine rate of its recent batches beside its ``quarantine`` limit, an upsert
+pipeline's recent batches by what their events did (inserted, updated, deleted, stale:
+commit/merge.py's counts, as each commit's record states them), and the freshness check of a
+pipeline's ``alert`` limits; with ``sink.catalog``, whether its tables are registered there
 (asked of the catalog each time: nothing is kept between runs)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from typing import Any, Sequence
 
 from oncemore.catalog.registration import catalog_state
+from oncemore.commit.share import records_read
 from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core.coordinates import KafkaPartition
@@ -25,6 +27,8 @@ STATUS_HISTORY = 50
 # An upsert pipeline's batches shown, newest first, and what of their events.
 UPSERT_BATCHES = 10
 UPSERT_COUNTS = ("inserted", "updated", "deleted", "stale")
+# Batch commits the quarantine rate is taken over, newest first.
+RATE_COMMITS = 50
 
 
 class FreshnessAlert(OncemoreError):
@@ -75,7 +79,8 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
     data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
-            "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics))}
+            "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics)),
+            "quarantine": quarantine_rate(pipeline, recent)}
     if pipeline.sink.catalog is not None:
         data["catalog"] = catalog_state(pipeline)
     if pipeline.upsert is not None:
@@ -83,6 +88,42 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
                           "batches": [upsert_counts(e) for e in recent if e.record.reset is None
                                       and e.record.deletion is None][:UPSERT_BATCHES]}
     return data
+
+
+def quarantine_rate(pipeline: Pipeline, recent: Sequence[CommitEntry]) -> dict[str, Any]:
+    """The share of their records the newest RATE_COMMITS batches quarantined (of every record they
+    read: written, quarantined or filtered, as the limit counts them), the newest batch's alone, the
+    pipeline's limit, and the batches among them committed over it because a run accepted it."""
+    batches = [e for e in recent if e.record.reset is None and e.record.deletion is None][:RATE_COMMITS]
+
+    def share(entries: Sequence[CommitEntry]) -> dict[str, Any]:
+        quarantined = sum(e.record.records.get("quarantined", 0) for e in entries)
+        records = sum(records_read(e.record.records) for e in entries)
+        return {"records": records, "quarantined": quarantined, "rate": quarantined / records if records else None}
+
+    last = {"version": batches[0].version, "batch_seq": batches[0].record.batch_seq, **share(batches[:1])} \
+        if batches else None
+    return {"max_fraction": pipeline.quarantine.max_fraction, "min_quarantined": pipeline.quarantine.min_quarantined,
+            "commits": len(batches), **share(batches), "last_batch": last,
+            "accepted": [e.version for e in batches if e.record.quarantine_accepted]}
+
+
+def describe_rate(rate: dict[str, Any]) -> str:
+    """``quarantine_rate`` as one line."""
+    limit = f"limit {rate['max_fraction']:.0%} once {rate['min_quarantined']} are quarantined"
+    if not rate["commits"]:
+        return f"quarantine: no batches yet ({limit})"
+    last = rate["last_batch"]
+    line = (f"quarantine: {_percent(rate['rate'])} of the last {rate['commits']} batch commits' {rate['records']} "
+            f"records ({rate['quarantined']}); last batch (version {last['version']}): {_percent(last['rate'])} "
+            f"({last['quarantined']} of {last['records']}); {limit}")
+    if rate["accepted"]:
+        line += f"; committed over the limit by a run that accepted it: version(s) {', '.join(map(str, rate['accepted']))}"
+    return line
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.1%}"
 
 
 def upsert_counts(entry: CommitEntry) -> dict[str, Any]:
@@ -132,6 +173,7 @@ def format_status(data: dict[str, Any]) -> str:
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:
         lines.append("  ".join(f"{str(row[h] if row[h] is not None else '-'):>12}" for h in header))
+    lines.append(describe_rate(data["quarantine"]))
     if "catalog" in data:
         lines.append(data["catalog"]["summary"])
     for topic, gone in data["gone"].items():
