@@ -51,6 +51,8 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
     # A scheduled pipeline starts new partitions at its first data interval.
     assert pipeline.source.starting_offsets == OffsetBound("timestamp", timestamp_ms=parse_timestamp_ms("2026-11-01"))
     assert pipeline.limits.max_records_per_commit == 1000
+    # The quarantine limit's defaults fail a batch of 600 records that are all quarantined.
+    assert (pipeline.quarantine.max_fraction, pipeline.quarantine.min_quarantined) == (0.5, 10)
     shown = str(pipeline.redacted())
     assert "hunter2" not in shown and "***" in shown and "SASL_SSL" in shown
 
@@ -103,6 +105,12 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("sink.catalog", {"type": "glue", "database": "Bronze", "table": "orders"}, "sink.catalog.database",
          "should match pattern"),
         ("sink.catalog", {"type": "glue", "database": "bronze"}, "sink.catalog.table", "is required"),
+        ("quarantine", {"max_fraction": 0}, "quarantine.max_fraction", "greater than 0"),
+        ("quarantine", {"max_fraction": 1.5}, "quarantine.max_fraction", "less than or equal to 1"),
+        ("quarantine", {"max_fraction": "half"}, "quarantine.max_fraction", "must be a number"),
+        ("quarantine", {"min_quarantined": 0}, "quarantine.min_quarantined", "greater than or equal to 1"),
+        ("quarantine", {"min_quarantined": 2.5}, "quarantine.min_quarantined", "must be an integer"),
+        ("quarantine", {"max_share": 0.2}, "quarantine.max_share", "unknown key"),
     ],
 )
 def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):
@@ -135,8 +143,8 @@ def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path
     from oncemore.config.model import Pipeline
 
     blocks = _blocks(Pipeline)
-    assert {"", "source.", "sink.", "format.", "key.", "transform.", "expectations.0.", "limits.", "alert.",
-            "maintenance.", "airflow."} <= set(blocks)
+    assert {"", "source.", "sink.", "format.", "key.", "transform.", "expectations.0.", "limits.", "quarantine.",
+            "alert.", "maintenance.", "airflow."} <= set(blocks)
     for block in blocks:
         doc = yaml.safe_load(yaml.safe_dump(VALID))
         target = doc

@@ -160,6 +160,25 @@ def test_manual_run_with_until_offsets_and_dry_run(airflow_db, broker, topic, ma
     assert positions == {0: by_partition[0][40], 1: 0, 2: by_partition[2][10]}
 
 
+def test_a_batch_over_the_quarantine_limit_fails_the_ingest_task_and_accept_quarantine_commits_it(
+        airflow_db, broker, topic, make_pipeline):
+    produced = broker.produce(topic, [(i % 3, None, b'{"id": %d, "amount": "twelve"}' % i, None) for i in range(60)])
+    pipeline = make_pipeline(topic, airflow=airflow_section())
+
+    failed = build_dag(pipeline).test(logical_date=T0 + HOUR, run_conf={"until": "latest"})
+
+    assert failed.state == "failed"
+    assert states(failed) == {"plan": "success", "ingest": "failed", "report": "upstream_failed"}
+    assert read_pairs(pipeline.sink.table_uri) == read_pairs(pipeline.sink.quarantine_uri) == []
+    assert held_positions(pipeline.sink.quarantine_uri, pipeline.name, topic) == {0: None, 1: None, 2: None}
+
+    accepted = build_dag(pipeline).test(logical_date=T0 + 2 * HOUR,
+                                        run_conf={"until": "latest", "accept_quarantine": True})
+    assert accepted.state == "success", states(accepted)
+    assert read_pairs(pipeline.sink.table_uri) == []
+    assert_exactly_once(read_pairs(pipeline.sink.quarantine_uri), produced)
+
+
 def test_invalid_until_param_is_rejected_before_anything_runs(airflow_db, topic, make_pipeline):
     pipeline = make_pipeline(topic, airflow=airflow_section())
     with pytest.raises(Exception, match="does not match"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -204,13 +205,16 @@ def test_the_oncemore_page_shows_the_ledger(clicks, page, spark):
     assert shown.first.get_attribute("data-version") == str(newest[0])
     assert shown.first.locator("td.run-id").inner_text() == newest[1].run_id
     assert int(shown.first.locator("td.written").inner_text()) == newest[1].records["written"]
+    records = newest[1].records
+    assert shown.first.locator("td.quarantine-rate").inner_text() == \
+        f"{100 * records['quarantined'] / (records['written'] + records['quarantined']):.1f}"
     assert verified.ok and section.locator("p.verified").inner_text().startswith("verified at ")
     assert f"{pipeline.name}: OK: {verified.commits} commits audited" in section.locator("p.verified").inner_text()
     screenshot(page, "oncemore-page.png")
 
 
 def test_the_pipeline_page_plots_the_history_and_samples_the_quarantine(clicks, page):
-    services, pipeline, _, _ = clicks
+    services, pipeline, start, _ = clicks
     commits = [record for _, record in oncemore_commits(pipeline.sink.table_uri)]
     quarantined = read_pairs(pipeline.sink.quarantine_uri)
     assert quarantined, "the backfill quarantined the records that are not JSON"
@@ -223,6 +227,12 @@ def test_the_pipeline_page_plots_the_history_and_samples_the_quarantine(clicks, 
     written = frame.locator("#records-chart rect.bar.written")
     assert sum(int(v) for v in written.evaluate_all("bars => bars.map(b => b.dataset.value)")) == sum(
         r.records["written"] for r in commits)
+    # The backfill's two hours, one bar each (by the records' Kafka timestamps), whenever they were committed.
+    assert written.evaluate_all("bars => bars.map(b => b.dataset.label)") == [
+        (start + timedelta(hours=h)).strftime("%Y-%m-%d %Hh") for h in range(2)]
+    assert frame.locator("p.quarantine-rate").inner_text().startswith(
+        f"quarantine: {len(quarantined) / sum(r.records['written'] + r.records['quarantined'] for r in commits):.1%} "
+        f"of the last {len(commits)} batch commits")
     in_quarantine_chart = frame.locator("#quarantine-chart rect.bar.quarantined")
     assert sum(int(v) for v in in_quarantine_chart.evaluate_all("bars => bars.map(b => b.dataset.value)")) == len(quarantined)
     lag_points = frame.locator("#lag-chart circle.point")
@@ -236,6 +246,31 @@ def test_the_pipeline_page_plots_the_history_and_samples_the_quarantine(clicks, 
     page.set_viewport_size({"width": 1400, "height": 1500})
     screenshot(page, "pipeline-page.png")
     page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_a_catch_up_run_charts_its_records_by_the_hours_they_belong_to(broker, topic, make_pipeline, spark):
+    from oncemore_airflow.charts import pipeline_charts
+
+    from oncemore.report.overview import pipeline_overview
+    from oncemore.run.runner import run
+
+    start = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    broker.produce(topic, [(i % 3, None, b"{not json" if i % 30 == 7 else json.dumps({"id": i}).encode(),
+                            int((start + timedelta(hours=h)).timestamp() * 1000) + i * 50_000)
+                           for h in range(3) for i in range(60)])
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT"})
+
+    run(pipeline, spark_factory=lambda: spark)  # three hours caught up in one commit
+
+    assert len(oncemore_commits(pipeline.sink.table_uri)) == 1
+    data = pipeline_overview(pipeline, detail=True)
+    hours = [(start + timedelta(hours=h)).isoformat().replace("+00:00", "Z") for h in range(3)]
+    assert data["per_hour"] == [{"hour": hour, "written": 58, "quarantined": 2} for hour in hours]
+    charts = pipeline_charts(data)
+    for chart, series, value in (("records", "written", "58"), ("records", "quarantined", "2"),
+                                 ("quarantine", "quarantined", "2")):
+        bars = re.findall(rf'<rect class="bar {series}" data-label="([^"]+)" data-value="(\d+)"', charts[chart])
+        assert bars == [(hour[:13].replace("T", " ") + "h", value) for hour in hours], (chart, series)
 
 
 def test_the_oncemore_api_needs_a_login(clicks):
