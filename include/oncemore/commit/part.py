@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.inputs import RangeResult, changes_uri
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
-from oncemore.commit.share import QuarantineLimit, Reason, commonest, judge
+from oncemore.commit.share import QuarantineLimit, Reason, commonest, judge, records_read
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -173,8 +173,13 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
         validate_files(part.changes_uri, change_files, change_schema(table_schema), (), read, storage_options)
     records = _accounted(part, kept, main_files + change_files, written, read)
+    # A quarantine table that holds every record the part quarantined (no file of them is left to
+    # commit) took them from a run that accepted the part and stopped before its main commit: judging
+    # it again would hold that main commit back for good.
+    decided = records["quarantined"] > 0 and not quarantine_files
+    limit = replace(part.quarantine_limit, accepted=True) if decided else part.quarantine_limit
     try:
-        over_limit = judge(part.quarantine_limit, part.pipeline, part.batch_seq, read, records,
+        over_limit = judge(limit, part.pipeline, part.batch_seq, read, records,
                            lambda: _reasons(part, quarantine_files, storage_options))
     except QuarantineExceeded:
         _delete(part, files, storage_options)  # offered to no commit
@@ -208,7 +213,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     if over_limit:
         log.warning("pipeline %s: batch %d quarantined %d of its %d records, over the quarantine limit; committed "
                     "because the run accepts it (--accept-quarantine)", part.pipeline, part.batch_seq,
-                    records["quarantined"], sum(records.values()))
+                    records["quarantined"], records_read(records))
     new_positions = {p: e for p, (_, e) in read.items()}
     quarantine_version = None
     if quarantine_files:

@@ -117,11 +117,11 @@ def judge(limit: QuarantineLimit, pipeline: str, batch_seq: int, read: Mapping[K
     found = reasons()
     ranges = ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items()))
     until = json.dumps(nested({p: e for p, (_, e) in read.items()}), separators=(", ", ": "))
-    named = "; ".join(r.describe() for r in found) or "none in this part's files (the quarantine table holds them)"
+    named = "; ".join(r.describe() for r in found)
     raise QuarantineExceeded(
         f"pipeline {pipeline}: batch {batch_seq} ({ranges}): {share_text(quarantined, total)}, more than the limit "
         f"of {limit.max_fraction:.0%} (quarantine.max_fraction; from {limit.min_quarantined} quarantined records on); "
-        f"commonest reasons: {named}. Nothing of the batch was committed, its records stay in Kafka: fix the "
+        f"commonest reasons: {named}. Nothing of these ranges was committed, their records stay in Kafka: fix the "
         f"pipeline and run again, or commit the batch as it is with: oncemore run {pipeline} --accept-quarantine "
         f"--until '{until}' (in Airflow: trigger the DAG with accept_quarantine true and that until)",
         pipeline=pipeline, batch=batch_seq, ranges={str(p): list(r) for p, r in sorted(read.items())},
