@@ -40,6 +40,12 @@ def count(into: Hours, timestamps: pa.Array | pa.ChunkedArray | None, slot: int)
     if timestamps is None or not pa.types.is_timestamp(timestamps.type) or len(timestamps) == 0:
         return
     micros = timestamps.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    bounds = pc.min_max(micros).as_py()
+    if bounds["min"] is None:
+        return
+    if bounds["min"] // _HOUR_US == bounds["max"] // _HOUR_US:  # the common case: a batch within one hour
+        into.setdefault(hour_text(bounds["min"] // _HOUR_US), [0, 0])[slot] += len(micros) - micros.null_count
+        return
     # Arrow's integer division truncates towards zero: an hour before 1970 starts one lower.
     hours = pc.divide(pc.subtract(micros, pc.if_else(pc.less(micros, 0), _HOUR_US - 1, 0)), _HOUR_US)
     for found in pc.value_counts(pc.drop_null(hours)).to_pylist():
