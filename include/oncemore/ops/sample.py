@@ -7,8 +7,8 @@ Invariant: nothing is written anywhere, and both table locations stay as they ar
 read by a consumer that joins no group and commits nothing, decoded in this process by the run's
 own decoder (run/tasks.py's sample_ranges keeps the quarantine rows instead of writing them); a
 pipeline that shapes records in Spark has the same ranges read again by the ``oncemore_records``
-source without its staging option and with quarantine floors at the ranges' ends, so its tasks
-write no file, and its rows are judged by the sink's own rules (run/deltasink.py's classified).
+source without its staging option, whose tasks then write no file (run/kafkasource.py), and its
+rows are judged by the sink's own rules (run/deltasink.py's classified).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Sample:
     quarantined: list[tuple[str, str, int, int]] = field(default_factory=list)  # (reason, topic, partition, offset)
     values: dict[tuple[str, int, int], bytes | None] = field(default_factory=dict)  # the records' bytes, by coordinates
     run_fails: str | None = None  # why a run would fail on these records (an expectation with on_fail: fail, ...)
+    ahead: list[str] = field(default_factory=list)  # records whose writer schema the reader lacks: read up to them
 
 
 def sample_checks(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) -> list[Check]:
@@ -70,13 +71,14 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
     records = resolve(pipeline, sorted(source.identities))
     settings = registries(pipeline)
     schema = table_schema(pipeline, records, settings, spark_factory)
-    spec = task_spec(pipeline, records, schema, {p: 0 for p in ranges}, settings)  # floors 0: every bad row kept
+    spec = task_spec(pipeline, records, schema, {p: 0 for p in ranges}, settings)  # floors 0: every bad row kept here
     stall = pipeline.source.stall_timeout_seconds
     with clients.range_consumer(clients.consumer_config(pipeline)) as consumer:
         read = (RangeRecords(consumer, p.topic, p.partition, start, end, stall, f"pipeline {pipeline.name}: {p}",
                              headers=records.headers) for p, (start, end) in ranges.items())
         results, good, bad = sample_ranges(read, spec, spec.decoder(), not pipeline.shapes_in_spark)
     found.records = sum(r.records for r in results)
+    found.ahead = [r.schema_ahead for r in results if r.schema_ahead is not None]
     _quarantine(found, bad.column("error").to_pylist(), bad)
     found.values = {(t, p, o): v for t, p, o, v in zip(*(bad.column(c).to_pylist() for c in (
         TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, "value")))}
@@ -84,9 +86,7 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
     if not pipeline.shapes_in_spark or not decoded:
         found.written = decoded
         return found
-    spark = spark_factory()
-    shaped = _shaped(pipeline, spark, task_spec(pipeline, records, schema, {p: e for p, (_, e) in ranges.items()},
-                                                settings), ranges)
+    shaped = _shaped(pipeline, spark_factory(), spec, ranges)
     if shaped is None:  # Spark proved the transform keeps no row
         found.filtered = decoded
         return found
@@ -132,6 +132,8 @@ def _lines(pipeline: Pipeline, count: int, found: Sample) -> list[Check]:
         return [Check(name, what, None, "every partition is empty: nothing to read")]
     read = (f"the latest {count} offsets of {len(found.ranges)} partition(s) read, nothing written: "
             f"{found.records} records")
+    if found.ahead:  # a run evolves the table for such a writer (or refuses it) and reads on
+        read += f" (read up to the first record of a newer writer schema: {', '.join(found.ahead)})"
     if found.run_fails:
         return [Check(name, what, f"{read}; a run would fail on them: {found.run_fails}")] + _reasons(name, found, True)
     quarantined = len(found.quarantined)

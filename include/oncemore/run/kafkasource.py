@@ -18,7 +18,7 @@ Spark redacts the secret ones.
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
   Without option ``staging`` (``oncemore check --sample``) it writes nothing: no RangeResult, and
-  no quarantine row, its spec's quarantine floors being the ranges' ends.
+  no quarantine row (its quarantine floors are then the ranges' ends).
 
 Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
 partitions), each importing this module: what only reading needs (the Kafka client, decoders,
@@ -30,6 +30,7 @@ schema imports no Arrow at all.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Iterator
 
@@ -250,11 +251,14 @@ class KafkaRecordsReader(_TaskReader):
         from oncemore.run.staging import Staging
         from oncemore.run.tasks import decode_ranges
 
-        staging = Staging(self.spec.quarantine_uri, self.staging, self.spec.storage_options)
-        decoder = self.spec.decoder()
-        for item in decode_ranges(self.ranges(task), self.spec, decoder, self.part_starts):
+        spec = self.spec
+        if self.staging is None:  # nothing written: the quarantine table "holds" every record read
+            spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in task.ranges})
+        staging = Staging(spec.quarantine_uri, self.staging, spec.storage_options) if self.staging else None
+        decoder = spec.decoder()
+        for item in decode_ranges(self.ranges(task), spec, decoder, self.part_starts):
             if isinstance(item, RangeResult):
-                if self.staging is not None:
+                if staging is not None:
                     staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
             else:
                 yield from item.cast(decoder.schema).to_batches()

@@ -8,8 +8,8 @@ Two ways, one decoder and one file writer per table:
   to the quarantine table's files, and the RangeResults (written to the part's staging area,
   staging.py) list those; the sink's tasks write the main table's files (run/deltasink.py).
 ``sample_ranges`` decodes the same way and keeps both kinds of rows in memory, writing nothing
-(``oncemore check --sample``). A task writes a file per table for its ranges, not one per range (``TaskFiles``): a topic of 1,000
-partitions made 1,000 files and a megabyte of Delta log per commit. The quarantine table keeps only
+(``oncemore check --sample``). A task writes a file per table for its ranges, not one per range
+(``TaskFiles``): a topic of 1,000 partitions made 1,000 files and a megabyte of Delta log per commit. The quarantine table keeps only
 rows at or after its own position (``quarantine_floors``: what an earlier crash between a batch's
 two commits already committed is not written again), a range may stop early at its byte budget or
 at the first record whose key or value was written with a schema ahead of the reader
