@@ -46,7 +46,7 @@ def test_a_batch_quarantining_everything_fails_before_any_commit_and_the_way_out
     assert f"pipeline orders: batch 0 ({topic}/0 [0, 200), {topic}/1 [0, 200), {topic}/2 [0, 200)): 600 of 600 " \
            "records quarantined (100.0%), more than the limit of 50% (quarantine.max_fraction; from 10 " \
            "quarantined records on); commonest reasons: 600 x column 'amount': ... does not fit INT (first: " \
-           f"{topic}/0 offset 0: column 'amount': 12.50 does not fit INT). Nothing of the batch was committed" in line
+           f"{topic}/0 offset 0: column 'amount': 12.50 does not fit INT). Nothing of these ranges was committed" in line
     assert "Traceback" not in failed.stderr
     # Neither table has a commit of the range, nor a file of it: every offset is still to be read.
     for table in (main, quarantine):
@@ -179,3 +179,30 @@ def test_reasons_are_grouped_without_the_values_they_quote():
         "2 x column 'a': ... does not fit INT (first: t/0 offset 9: column 'a': 2.5 does not fit INT)",
         "2 x column 'id': expected BIGINT, found a JSON string (first: t/2 offset 0)",
         "1 x expectation small failed (first: t/0 offset 1)"]
+
+
+def test_a_batch_accepted_into_the_quarantine_table_before_a_crash_is_committed_by_the_next_run(
+        broker, topic, make_pipeline, spark, monkeypatch):
+    from oncemore.commit import part
+
+    produced = broker.produce(topic, [(i % 3, None, b"{not json" if i % 4 else b'{"id": %d}' % i, None)
+                                      for i in range(60)])
+    pipeline = make_pipeline(topic)
+    real_commit = part.commit
+
+    def crash_on_main(ledger, *args, **kwargs):
+        if ledger.table_uri == pipeline.sink.table_uri:
+            raise SystemExit("injected crash after the quarantine commit")
+        return real_commit(ledger, *args, **kwargs)
+
+    monkeypatch.setattr(part, "commit", crash_on_main)
+    with pytest.raises(SystemExit):
+        runner.run(pipeline, spark_factory=lambda: spark, accept_quarantine=True)
+    monkeypatch.undo()
+    assert len(read_pairs(pipeline.sink.quarantine_uri)) == 45 and read_pairs(pipeline.sink.table_uri) == []
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)  # no --accept-quarantine: that was decided
+
+    assert report.status == "committed" and (report.written, report.quarantined) == (15, 45)
+    assert report.batches[0].quarantine_accepted
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri) + read_pairs(pipeline.sink.quarantine_uri), produced)
