@@ -90,7 +90,7 @@ def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
     """Records written and quarantined per hour of their Kafka timestamp (each commit's ``hours``),
     as Airflow users read data intervals: a catch-up run's commits show under the hours their
     records belong to, not the hour they were committed. What a commit's hours leave out (commits
-    before record format 8, rows whose timestamp a transform dropped) counts at its commit's hour,
+    before record format 9, rows whose timestamp a transform dropped) counts at its commit's hour,
     so every record is charted once. Oldest hour first, empty hours between included, at most the
     newest HOURS_SHOWN hours."""
     counted: dict[int, list[int]] = defaultdict(lambda: [0, 0])
