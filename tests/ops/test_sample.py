@@ -40,9 +40,9 @@ def test_check_sample_names_a_wrong_type_and_its_records_and_writes_nothing(brok
     assert reason == (f"FAILED orders: would quarantine: 300 x column 'amount': ... does not fit INT at {topic}/0 "
                       f"[110, 210); {topic}/1 [110, 210); {topic}/2 [110, 210) (first: {topic}/0 offset 110: column "
                       "'amount': 12.50 does not fit INT, value '{\"id\": 330, \"customer\": \"c\", \"amount\": 12.50}')")
-    # Only the other checks' lines besides: config, kafka, topic, positions, records, tables, airflow.
+    # Only the other checks' lines besides: config, kafka, topic, read, positions, records, tables, airflow.
     assert [line.split(":")[1].strip() for line in lines if line.startswith("ok")] == [
-        "config", "kafka", f"topic {topic}", "positions", "records", "table", "quarantine table", "airflow"]
+        "config", "kafka", f"topic {topic}", "read", "positions", "records", "table", "quarantine table", "airflow"]
     assert tree(pipeline.sink.table_uri, pipeline.sink.quarantine_uri) == before
 
     usage = oncemore("check", pipeline.origin, "--sample", "0", check_no_spark=True)

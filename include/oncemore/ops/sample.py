@@ -68,12 +68,14 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
     ranges = {p: (max(b.earliest, b.latest - count), b.latest) for p, b in sorted(bounds.items())
               if b.latest > b.earliest}
     found = Sample(ranges)
+    if not ranges:
+        return found
     records = resolve(pipeline, sorted(source.identities))
     settings = registries(pipeline)
     schema = table_schema(pipeline, records, settings, spark_factory)
     spec = task_spec(pipeline, records, schema, {p: 0 for p in ranges}, settings)  # floors 0: every bad row kept here
     stall = pipeline.source.stall_timeout_seconds
-    with clients.range_consumer(clients.consumer_config(pipeline)) as consumer:
+    with clients.range_consumer(clients.consumer_config(pipeline), pipeline.name) as consumer:
         read = (RangeRecords(consumer, p.topic, p.partition, start, end, stall, f"pipeline {pipeline.name}: {p}",
                              headers=records.headers) for p, (start, end) in ranges.items())
         results, good, bad = sample_ranges(read, spec, spec.decoder(), not pipeline.shapes_in_spark)
