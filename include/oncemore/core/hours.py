@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Mapping
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ def hour_text(epoch_hour: int) -> str:
     return datetime.fromtimestamp(epoch_hour * 3600, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+@lru_cache(maxsize=4096)  # the page reads the same hours from many commits
 def hour_ms(text: str) -> int:
     """The hour's start in epoch milliseconds."""
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)

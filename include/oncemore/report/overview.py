@@ -93,16 +93,18 @@ def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:
     before record format 9, rows whose timestamp a transform dropped) counts at its commit's hour,
     so every record is charted once. Oldest hour first, empty hours between included, at most the
     newest HOURS_SHOWN hours."""
-    counted: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    counted: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # {hour: [written, quarantined]}
     for entry in history:
-        rest = [entry.record.records.get("written", 0), entry.record.records.get("quarantined", 0)]
-        for hour, figures in entry.record.hours.items():
-            for slot in (hours.WRITTEN, hours.QUARANTINED):
-                counted[hours.hour_ms(hour) // _HOUR_MS][slot] += figures[slot]
-                rest[slot] -= figures[slot]
-        if any(rest):
-            for slot in (hours.WRITTEN, hours.QUARANTINED):
-                counted[entry.timestamp_ms // _HOUR_MS][slot] += rest[slot]
+        written, quarantined = entry.record.records.get("written", 0), entry.record.records.get("quarantined", 0)
+        for hour, (hour_written, hour_quarantined) in entry.record.hours.items():
+            at = counted[hours.hour_ms(hour) // _HOUR_MS]
+            at[hours.WRITTEN] += hour_written
+            at[hours.QUARANTINED] += hour_quarantined
+            written, quarantined = written - hour_written, quarantined - hour_quarantined
+        if written or quarantined:
+            at = counted[entry.timestamp_ms // _HOUR_MS]
+            at[hours.WRITTEN] += written
+            at[hours.QUARANTINED] += quarantined
     if not counted:
         return []
     newest = max(counted)
