@@ -8,6 +8,7 @@ them, never from a guess about how dag.test maps a logical date to an interval.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins"))
 from oncemore_airflow import embedded  # noqa: E402
 
-# Airflow reads its configuration at import: set it up before the first import.
+# Airflow reads its configuration at import: set it up before the first import. Each test's DAG
+# (oncemore__orders at the test's own tables) is serialized anew: Airflow skips a DAG's rewrite
+# within 30 s of the last one by default, and dag.test() would then run the previous test's DAG.
+os.environ["AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL"] = "0"
 embedded.configure(tempfile.mkdtemp(prefix="oncemore-airflow-"))
 
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
@@ -37,8 +41,27 @@ T0 = datetime(2026, 11, 20, 0, 0, tzinfo=timezone.utc)
 
 
 @pytest.fixture(scope="session")
-def airflow_db():
+def airflow_migrated():
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=600)
+
+
+@pytest.fixture
+def airflow_db(airflow_migrated):
+    """Airflow's database, with no earlier test's table an active asset: an asset named
+    oncemore/<pipeline> at another test's table would leave this test's inactive and fail its
+    tasks (a scheduler orphans such assets; dag.test() does not)."""
+    from airflow.models.asset import AssetActive
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(AssetActive).delete()
+
+
+@pytest.fixture(autouse=True)
+def pipelines_dir(tmp_path, monkeypatch):
+    """The dags folder reads the test's own pipelines directory, where make_pipeline writes:
+    dag.test() serializes the DAG the dags folder yields, and the shipped directory holds none."""
+    monkeypatch.setenv("ONCEMORE_PIPELINES_DIR", str(tmp_path / "pipelines"))
 
 
 def airflow_section(**overrides):
@@ -335,7 +358,7 @@ def test_connection_secrets_reach_the_spark_job_in_a_private_file_never_its_comm
     monkeypatch.setattr(SparkSubmitOperator, "execute", submitted)
     ti = type("TI", (), {"xcom_pull": lambda self, task_ids, key: "{}"})()
     OncemoreIngestOperator(task_id="ingest", config_path=pipeline.origin, kafka_conn_id="kafka_sasl",
-                           conn_id="spark_yarn").execute({"ti": ti, "run_id": "manual__1"})
+                           conn_id="spark_yarn").execute({"ti": ti, "run_id": "manual__1", "params": {}})
 
     assert "s3cret-9f2" not in seen["command"] and "appMasterEnv" not in seen["command"]
     assert seen["mode"] == 0o600 and seen["overrides"]["kafka_options"]["sasl.password"] == "s3cret-9f2"
