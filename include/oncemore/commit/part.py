@@ -134,6 +134,9 @@ class PartOutcome:
     schema_ahead: str | None  # the record whose writer schema the reader lacks (inputs.AheadRecord as text)
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} of this part (core/stopwatch.py)
     quarantine_accepted: bool = False  # over the quarantine limit, committed because the run accepts it
+    # What this part's own commits added, by table ("main", "quarantine"): {rows, bytes, files} of
+    # the files committed; a MERGE's main commit: {rows} inserted or updated (delta-rs writes its files).
+    added: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -189,9 +192,11 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     changes = _changes(part, change_files, table_schema, storage_options) if part.upsert is not None else None
     crashpoints.reach("validated")
 
+    added: dict[str, dict[str, int]] = {}
+
     def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
         return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms(),
-                           over_limit)
+                           over_limit, added)
 
     if all(part.expected.get(p) == end for p, (_, end) in read.items()):
         # Cut before its first record (a newer writer schema) with no position to record: a part
@@ -222,6 +227,8 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
             outcome = _commit(part, quarantine, quarantine_files, {p: part.quarantine_expected.get(p) for p in touched},
                               {p: new_positions[p] for p in touched}, record)
             quarantine_version = outcome.version
+            if outcome.status == "committed":
+                added["quarantine"] = files_added(quarantine_files)
             held = quarantine.positions(touched)
         crashpoints.reach("quarantine_committed")
         short = {p: held[p] for p in touched if held[p] is None or held[p] < new_positions[p]}
@@ -238,12 +245,20 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
             outcome, counts = _merge(part, main, changes, {p: part.expected.get(p) for p in read}, new_positions,
                                      record, storage_options)
             records.update(counts)
+    if outcome.status == "committed":
+        added["main"] = (files_added(main_files) if part.upsert is None else
+                         {"rows": records.get("inserted", 0) + records.get("updated", 0)})
     crashpoints.reach("main_committed")
     counted = (describe_counts(records) if part.upsert is not None else
                f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered")
     log.info("pipeline %s: batch %d %s %s (%s)", part.pipeline, part.batch_seq, outcome.status,
              ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), counted)
     return outcome_of(outcome.status, outcome.version, quarantine_version, record.bytes_read)
+
+
+def files_added(files: list[DataFile]) -> dict[str, int]:
+    """Rows, bytes and files a commit of ``files`` adds to its table."""
+    return {"rows": sum(f.num_records for f in files), "bytes": sum(f.size for f in files), "files": len(files)}
 
 
 def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], written: Written,

@@ -240,6 +240,8 @@ class _Run:
         if outcome.quarantine_version is not None:
             report.quarantine_versions.append(outcome.quarantine_version)
         ours = outcome.status == "committed"
+        # A quarantine commit of ours counts even when the main commit was not (another run's won).
+        report.account(dict(outcome.read) if ours else {}, dict(outcome.added))
         if ours:
             self.run_phases_recorded = True
             report.status = "committed"

@@ -1,20 +1,24 @@
-"""What a run did, as the run returns it to its caller (the CLI's last line, the Airflow task's XCom):
-per batch, whether one of its commits was this run's, the records written and quarantined (for an
-upsert, what its events did: inserted, updated, deleted, stale, ...), the table versions it made,
-and whether it committed more quarantine than the pipeline's limit because the run accepted it; and
-what a run that was interrupted had committed, read back from the table (``committed_by``).
+"""What a run did, as the run returns it to its caller (the CLI's last line and ``--report-file``, the
+Airflow ingest task's XCom and lineage): per batch, whether one of its commits was this run's, the
+ranges its own commits moved the positions over, the records written and quarantined (for an
+upsert, what its events did: inserted, updated, deleted, stale, ...), what its commits added to
+each table (rows, bytes, files), the table versions it made, and whether it committed more
+quarantine than the pipeline's limit because the run accepted it; and what a run that was
+interrupted had committed, read back from the table (``committed_by``).
 
 Invariant: a run is "committed" only when a commit of its own landed; a run that found its plan
-already held is a "no-op", whatever another run committed meanwhile.
+already held is a "no-op", whatever another run committed meanwhile. Only this run's own commits
+count in ``committed`` and ``added``. The JSON carries no Kafka address or setting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 from oncemore.commit.merge import describe_counts
 from oncemore.config.model import Pipeline
-from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.coordinates import KafkaPartition, flat, nested
 from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import Plan
 
@@ -33,6 +37,31 @@ class BatchReport:
     versions: list[int] = field(default_factory=list)
     quarantine_versions: list[int] = field(default_factory=list)
     quarantine_accepted: bool = False  # a commit of it was over the quarantine limit (--accept-quarantine)
+    committed: dict[KafkaPartition, tuple[int, int]] = field(default_factory=dict)  # [start, end) our commits moved
+    added: dict[str, dict[str, int]] = field(default_factory=dict)  # {table: {rows, bytes, files}} our commits added
+
+    def account(self, read: dict[KafkaPartition, tuple[int, int]], added: dict[str, dict[str, int]]) -> None:
+        """A part of this batch committed by this run: the ranges it moved and what it added."""
+        for key, (start, end) in read.items():
+            if end > start:
+                first, _ = self.committed.get(key, (start, end))
+                self.committed[key] = (min(first, start), end)
+        for table, counts in added.items():
+            into = self.added.setdefault(table, {})
+            for name, count in counts.items():
+                into[name] = into.get(name, 0) + count
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ranges"] = nested({k: list(v) for k, v in self.ranges.items()})
+        data["committed"] = nested({k: list(v) for k, v in self.committed.items()})
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BatchReport":
+        ranges = {k: tuple(v) for k, v in flat(data["ranges"]).items()}
+        committed = {k: tuple(v) for k, v in flat(data["committed"]).items()}
+        return cls(**{**data, "ranges": ranges, "committed": committed})
 
 
 @dataclass
@@ -55,6 +84,42 @@ class RunReport:
     @property
     def quarantined(self) -> int:
         return sum(b.quarantined for b in self.batches)
+
+    @property
+    def committed(self) -> dict[KafkaPartition, tuple[int, int]]:
+        """Per partition, the [start, end) this run's commits moved the positions over."""
+        ranges: dict[KafkaPartition, tuple[int, int]] = {}
+        for batch in self.batches:
+            for key, (start, end) in batch.committed.items():
+                ranges[key] = (min(start, ranges.get(key, (start, end))[0]), end)
+        return ranges
+
+    @property
+    def added(self) -> dict[str, dict[str, int]]:
+        """What this run's commits added to each table: {table: {rows, bytes, files}}."""
+        total = BatchReport(-1, {})
+        for batch in self.batches:
+            total.account({}, batch.added)
+        return total.added
+
+    @property
+    def committed_versions(self) -> dict[str, int | None]:
+        """The newest version of each table a commit of this run made (None: none)."""
+        main = [v for b in self.batches for v in b.versions]
+        quarantine = [v for b in self.batches for v in b.quarantine_versions]
+        return {"main": max(main, default=None), "quarantine": max(quarantine, default=None)}
+
+    def to_json(self) -> str:
+        """The report without its plan (the caller that handed the plan has it)."""
+        return json.dumps({"pipeline": self.pipeline, "run_id": self.run_id, "status": self.status,
+                           "batches": [b.to_dict() for b in self.batches], "seconds": round(self.seconds, 3),
+                           "profile": self.profile}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, plan: Plan) -> "RunReport":
+        data = json.loads(text)
+        return cls(data["pipeline"], data["run_id"], plan, [BatchReport.from_dict(b) for b in data["batches"]],
+                   data["seconds"], data["profile"])
 
     def summary(self) -> str:
         if self.status == "no-op":
