@@ -1,7 +1,8 @@
 """Operators of an oncemore DAG: plan (no Spark) >> ingest (spark-submit, or a session on a Spark
 Connect server) >> report; and the maintenance DAG's maintain (>> verify).
 
-Thin: the work is the core package's; these only bind it to a run's context.
+Thin: the work is the core package's; these only bind it to a run's context. The ingest task
+reports its lineage to the OpenLineage provider (lineage.py) after its commits, never before them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from urllib.parse import quote
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, TriggerRule
-from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.log import mask_secret
 from croniter import croniter
 
+from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
 from oncemore.ops.maintain import maintain
@@ -45,30 +46,80 @@ def run_until(param: str | None, interval_start: datetime | None, interval_end: 
     return LATEST
 
 
-class OncemorePlanOperator(BaseOperator, SkipMixin):
-    """Plans the run and pushes the plan (JSON) to XCom key ``plan``. Skips the ingest task when the plan is
-    empty or the run is a dry run: a rerun of finished work costs one ledger read."""
+class OncemorePlanOperator(BaseOperator):
+    """Plans the run and pushes the plan (JSON) to XCom key ``plan``. The ingest task skips itself,
+    with no Spark, when the plan is empty or the run is a dry run: a rerun of finished work costs
+    one ledger read."""
 
     ui_color = "#e8f4fd"
 
-    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, ingest_task_id: str = "ingest", **kwargs):
+    def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.config_path, self.kafka_conn_id, self.ingest_task_id = config_path, kafka_conn_id, ingest_task_id
+        self.config_path, self.kafka_conn_id = config_path, kafka_conn_id
 
     def execute(self, context) -> None:
         params = context["params"]
         until = run_until(params.get("until"), context.get("data_interval_start"), context.get("data_interval_end"))
         plan = plan_run(OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline(), until)
         self.log.info("%s", describe(plan))
-        # Pushed before skipping: skip() ends the task (Airflow 3), so a return value would be lost.
         context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.to_json())
-        if plan.is_empty or params.get("dry_run"):
-            self.log.info("%s: skipping %s", "dry run" if params.get("dry_run") else "nothing to ingest", self.ingest_task_id)
-            ingest = [t for t in context["task"].get_direct_relatives(upstream=False) if t.task_id == self.ingest_task_id]
-            self.skip(ti=context["ti"], tasks=ingest)
 
 
-class OncemoreIngestOperator(SparkSubmitOperator):
+class IngestTask:
+    """What both ingest operators share: the plan task's plan (an empty one, or a dry run, skips
+    the task before any Spark), the run's report as the task's XCom (``oncemore run
+    --report-file``'s JSON: no Kafka address or setting), and the task's lineage for the
+    OpenLineage provider, read after the run's commits (lineage.py)."""
+
+    config_path: str
+    kafka_conn_id: str | None
+    plan_task_id: str
+    _lineage = None  # the OperatorLineage of the task's COMPLETE event, once gathered
+
+    def pipeline(self) -> Pipeline:
+        if getattr(self, "_pipeline", None) is None:
+            self._pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
+        return self._pipeline
+
+    def planned(self, context) -> tuple[str, Plan]:
+        """The plan to run, as JSON and parsed; an empty plan or a dry run ends the task as skipped."""
+        text = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
+        plan = Plan.from_json(text)
+        dry_run = bool(context["params"].get("dry_run"))
+        if plan.is_empty or dry_run:
+            self.gather_lineage(plan, context["run_id"], None, dry_run)
+            raise AirflowSkipException("dry run: nothing is committed" if dry_run else "nothing to ingest")
+        return text, plan
+
+    def landed(self, plan: Plan, run_id: str, report) -> dict[str, Any]:
+        """The run's report, logged and returned (to XCom); its lineage gathered."""
+        self.log.info("%s", report.summary())
+        self.gather_lineage(plan, run_id, report)
+        return json.loads(report.to_json())
+
+    def gather_lineage(self, plan: Plan, run_id: str, report, dry_run: bool = False) -> None:
+        """Reads what the task's COMPLETE event carries, when OpenLineage emits at all. A failure
+        is a warning: the commits stand, and their record in the table's log keeps every fact."""
+        from oncemore_airflow.lineage import lineage_enabled, run_lineage
+
+        if not lineage_enabled():
+            return
+        try:
+            self._lineage = run_lineage(self.pipeline(), plan, run_id, report, dry_run)
+        except Exception as exc:  # noqa: BLE001 (lineage never fails a run that committed)
+            self.log.warning("pipeline %s: run %s: its lineage could not be gathered, the event goes without it (the "
+                             "run's commits stand; the table's log records them): %s", plan.pipeline, run_id, exc)
+
+    def get_openlineage_facets_on_start(self):
+        from oncemore_airflow.lineage import start_lineage
+
+        return start_lineage(self.pipeline())
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        return self._lineage
+
+
+class OncemoreIngestOperator(IngestTask, SparkSubmitOperator):
     """spark-submit of ``spark_jobs/ingest.py`` with the plan task's plan; the job checks it
     against the table's positions and the topic before reading, and again before each commit. A
     run that fails (a batch over the quarantine limit among other causes) exits non-zero, and so
@@ -78,22 +129,25 @@ class OncemoreIngestOperator(SparkSubmitOperator):
     argument), the core package as --py-files, and Kafka settings from the connection in a file
     only the task's user can read: never in ``env_vars``, which the Spark provider turns into
     ``--conf spark.yarn.appMasterEnv.*``/``spark.kubernetes.driverEnv.*`` on the command line.
-    The driver runs here (client mode: the plan and settings files are local)."""
+    The run's report comes back in a file beside them. The driver runs here (client mode: the
+    plan, settings and report files are local)."""
 
     def __init__(self, *, config_path: str, kafka_conn_id: str | None = None, plan_task_id: str = "plan", **kwargs):
         super().__init__(application=str(SPARK_JOB), **kwargs)
         self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
 
-    def execute(self, context) -> None:
+    def execute(self, context) -> dict[str, Any]:
+        from oncemore.run.runreport import RunReport
+
         crashpoints.arm()  # test-only, inert unless set: a step kills this task and its spark-submit
+        text, plan = self.planned(context)
         self.py_files = package_zip()
         overrides = OncemoreHook(self.config_path, self.kafka_conn_id).kafka_overrides()
-        plan = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
         with tempfile.TemporaryDirectory(prefix="oncemore-plan-") as directory:  # mode 0700
-            plan_file = Path(directory) / "plan.json"
-            plan_file.write_text(plan)
+            plan_file, report_file = Path(directory) / "plan.json", Path(directory) / "report.json"
+            plan_file.write_text(text)
             self.application_args = ["--config", self.config_path, "--plan-file", str(plan_file),
-                                     "--run-id", context["run_id"]]
+                                     "--run-id", context["run_id"], "--report-file", str(report_file)]
             if context["params"].get("accept_quarantine"):
                 self.application_args.append("--accept-quarantine")
             if overrides:
@@ -101,10 +155,12 @@ class OncemoreIngestOperator(SparkSubmitOperator):
                 overrides_file.touch(mode=0o600)
                 overrides_file.write_text(json.dumps(overrides))
                 self.application_args += ["--kafka-overrides-file", str(overrides_file)]
-            return super().execute(context)
+            super().execute(context)
+            report = RunReport.from_json(report_file.read_text(), plan)
+        return self.landed(plan, context["run_id"], report)
 
 
-class OncemoreConnectIngestOperator(BaseOperator):
+class OncemoreConnectIngestOperator(IngestTask, BaseOperator):
     """The plan task's plan run on a resident Spark: this task is the run's client (it checks the
     plan, commits a part the sink does not commit on the server's driver, and logs the report);
     the Spark Connect server named by ``spark_connect_conn_id`` (the Spark provider's
@@ -117,15 +173,14 @@ class OncemoreConnectIngestOperator(BaseOperator):
         self.config_path, self.kafka_conn_id, self.plan_task_id = config_path, kafka_conn_id, plan_task_id
         self.spark_connect_conn_id = spark_connect_conn_id
 
-    def execute(self, context) -> None:
+    def execute(self, context) -> dict[str, Any]:
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
         from oncemore.run.runner import run  # the run's whole client side: not for the DAG processor to import
 
         crashpoints.arm()  # test-only, inert unless set: a step kills this task
 
-        pipeline = OncemoreHook(self.config_path, self.kafka_conn_id).get_pipeline()
-        plan = Plan.from_json(context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY))
+        _, plan = self.planned(context)
         hook = SparkConnectHook(self.spark_connect_conn_id)
         token = hook.get_connection(self.spark_connect_conn_id).password
         if token:  # masked as given and as the URL quotes it
@@ -139,12 +194,12 @@ class OncemoreConnectIngestOperator(BaseOperator):
             return sessions[-1]
 
         try:
-            report = run(pipeline, run_id=context["run_id"], plan=plan, spark_factory=session,
+            report = run(self.pipeline(), run_id=context["run_id"], plan=plan, spark_factory=session,
                          accept_quarantine=bool(context["params"].get("accept_quarantine")))
         finally:
             for opened in sessions:
                 stop_session(opened)  # the server keeps running, and the session for the next run
-        self.log.info("%s", report.summary())
+        return self.landed(plan, context["run_id"], report)
 
 
 class OncemoreReportOperator(BaseOperator):

@@ -339,6 +339,9 @@ def test_connection_secrets_reach_the_spark_job_in_a_private_file_never_its_comm
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+    from oncemore.core.coordinates import OffsetRange
+    from oncemore.plan.planner import Batch, Plan
+    from oncemore.run.runreport import RunReport
     from oncemore_airflow.operators import OncemoreIngestOperator
 
     pipeline = make_pipeline("t", airflow=airflow_section(kafka_conn_id="kafka_sasl"))
@@ -349,19 +352,23 @@ def test_connection_secrets_reach_the_spark_job_in_a_private_file_never_its_comm
     seen = {}
 
     def submitted(operator, context):
+        args = operator.application_args
         command = SparkSubmitHook(conn_id="spark_yarn", env_vars=operator.env_vars, py_files=operator.py_files,
-                                  application_args=operator.application_args)._build_spark_submit_command(operator.application)
-        overrides_file = Path(operator.application_args[operator.application_args.index("--kafka-overrides-file") + 1])
+                                  application_args=args)._build_spark_submit_command(operator.application)
+        overrides_file = Path(args[args.index("--kafka-overrides-file") + 1])
         seen.update(command=" ".join(command), mode=overrides_file.stat().st_mode & 0o777,
                     overrides=json.loads(overrides_file.read_text()))
+        Path(args[args.index("--report-file") + 1]).write_text(RunReport("t", "manual__1", plan).to_json())
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", submitted)
-    ti = type("TI", (), {"xcom_pull": lambda self, task_ids, key: "{}"})()
-    OncemoreIngestOperator(task_id="ingest", config_path=pipeline.origin, kafka_conn_id="kafka_sasl",
-                           conn_id="spark_yarn").execute({"ti": ti, "run_id": "manual__1", "params": {}})
+    plan = Plan("t", ("t",), pipeline.sink.table_uri, "latest", (Batch(0, (OffsetRange("t", 0, 0, 5),), {}),))
+    ti = type("TI", (), {"xcom_pull": lambda self, task_ids, key: plan.to_json()})()
+    returned = OncemoreIngestOperator(task_id="ingest", config_path=pipeline.origin, kafka_conn_id="kafka_sasl",
+                                      conn_id="spark_yarn").execute({"ti": ti, "run_id": "manual__1", "params": {}})
 
     assert "s3cret-9f2" not in seen["command"] and "appMasterEnv" not in seen["command"]
     assert seen["mode"] == 0o600 and seen["overrides"]["kafka_options"]["sasl.password"] == "s3cret-9f2"
+    assert "s3cret-9f2" not in json.dumps(returned) and "b1:9093" not in json.dumps(returned), "the task's XCom"
 
 
 def test_a_run_ends_at_its_param_else_its_interval_end_else_latest():

@@ -1,0 +1,199 @@
+"""OpenLineage of the ingest task: the Kafka topics in, the main and quarantine Delta tables out, and
+what the run committed, as the OpenLineage provider asks an operator for it (``OperatorLineage``).
+
+Datasets are named by OpenLineage's naming spec through openlineage-python's helpers: a topic as
+``kafka://host:port`` (the first bootstrap server, without a listener prefix or credentials) and
+its name; a table by its location (``file`` and its absolute path, ``s3://bucket`` and its key,
+``gs://``, ``abfss://``). Each table carries its schema, storage (delta, parquet) and version
+facets as the run left it, and output statistics (rows, bytes, files) only when a commit of this
+run added to it: a no-op carries none. The run facet ``oncemore`` carries each partition's
+committed [start, end) and the versions the run made.
+
+Invariant: lineage follows the commits and never gates them. Its facts are read in the task's own
+process after the run (the Delta log at the versions the run made; the run's report for what it
+added), so the provider's forked emitter only serializes them; a failure to read them is a
+warning naming pipeline and run, the event then goes without them, and nothing is lost: the
+table's log keeps every range, count and version of the run's commits (``oncemore status``, the
+report task).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from attrs import define
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+from openlineage.client.event_v2 import InputDataset, OutputDataset
+from openlineage.client.facet_v2 import (
+    RunFacet,
+    dataset_version_dataset,
+    output_statistics_output_dataset,
+    schema_dataset,
+    storage_dataset,
+)
+from openlineage.client.naming import dataset as naming
+
+from oncemore.config.model import Pipeline
+from oncemore.core.coordinates import nested
+from oncemore.core.storage import table_location
+from oncemore.plan.planner import Plan
+from oncemore.run.runreport import RunReport
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+KAFKA_DEFAULT_PORT = "9092"
+TABLES = ("main", "quarantine")
+
+
+@define
+class OncemoreRunFacet(RunFacet):
+    """What an oncemore run committed: per partition the [start, end) its commits moved the
+    positions over (``committed``, {topic: {partition: [start, end]}}), per batch the same with its
+    versions and records, and the versions of the tables the outputs describe."""
+
+    pipeline: str
+    runId: str  # noqa: N815 (OpenLineage's field names are camelCase)
+    status: str  # committed | no-op | dry-run
+    committed: dict
+    batches: list
+    tableVersion: int | None  # noqa: N815
+    quarantineTableVersion: int | None  # noqa: N815
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A table as lineage describes it: its version and schema (None: no table there yet)."""
+
+    version: int | None
+    fields: tuple = ()  # schema_dataset.SchemaDatasetFacetFields
+
+
+def kafka_namespace(bootstrap_servers: str) -> tuple[str, str]:
+    """(host, port) of the first bootstrap server, as OpenLineage names a Kafka cluster: a listener
+    prefix (``SASL_SSL://``) and anything before an ``@`` are not part of it."""
+    first = bootstrap_servers.split(",")[0].strip().rpartition("://")[2].rpartition("@")[2]
+    host, colon, port = first.rpartition(":")
+    if not colon or host.count(":") and not host.endswith("]"):  # no port, or a bare IPv6 address
+        return first, KAFKA_DEFAULT_PORT
+    return host, port
+
+
+def topic_dataset(bootstrap_servers: str, topic: str) -> naming.Kafka:
+    return naming.Kafka(*kafka_namespace(bootstrap_servers), topic)
+
+
+def table_dataset(table_uri: str) -> tuple[str, str]:
+    """A Delta table's dataset (namespace, name): its location by the naming spec's scheme."""
+    location = table_location(table_uri)
+    parts = urlsplit(location)
+    path = parts.path.lstrip("/")
+    if "://" not in location or parts.scheme == "file":
+        name = naming.LocalFileSystem(parts.path if parts.scheme == "file" else location)
+    elif parts.scheme in ("s3", "s3a"):
+        name = naming.S3(parts.netloc, path)
+    elif parts.scheme == "gs":
+        name = naming.GCS(parts.netloc, path)
+    elif parts.scheme == "abfss":
+        container, _, account = parts.netloc.partition("@")
+        name = naming.ABFSS(container, account.split(".")[0], path)
+    else:  # the spec's general rule: the scheme and authority, then the path
+        return f"{parts.scheme}://{parts.netloc}", parts.path
+    return name.get_namespace(), name.get_name()
+
+
+def table_state(table_uri: str, storage_options: dict[str, str] | None, version: int | None) -> TableState:
+    """The table at ``version`` (its newest when None), from its Delta log."""
+    try:
+        table = DeltaTable(table_location(table_uri), version=version, storage_options=storage_options or None)
+    except TableNotFoundError:
+        return TableState(None)
+    return TableState(table.version(), tuple(_field(f.name, f.type) for f in table.schema().fields))
+
+
+def _field(name: str, kind) -> schema_dataset.SchemaDatasetFacetFields:
+    """A Delta schema field as the schema facet nests it (an array's element is ``_element``, a
+    map's ``key`` and ``value``)."""
+    kind_name = type(kind).__name__
+    if kind_name == "StructType":
+        return schema_dataset.SchemaDatasetFacetFields(name, "struct", fields=[_field(f.name, f.type) for f in kind.fields])
+    if kind_name == "ArrayType":
+        return schema_dataset.SchemaDatasetFacetFields(name, "array", fields=[_field("_element", kind.element_type)])
+    if kind_name == "MapType":
+        return schema_dataset.SchemaDatasetFacetFields(
+            name, "map", fields=[_field("key", kind.key_type), _field("value", kind.value_type)])
+    return schema_dataset.SchemaDatasetFacetFields(name, kind.type)
+
+
+def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:
+    return [InputDataset(d.get_namespace(), d.get_name())
+            for d in (topic_dataset(pipeline.source.bootstrap_servers, t) for t in topics)]
+
+
+def output_datasets(pipeline: Pipeline, states: dict[str, TableState] | None = None,
+                    added: dict[str, dict[str, int]] | None = None) -> list[OutputDataset]:
+    """The main and the quarantine table; with ``states``, their facets; with what the run
+    ``added`` to a table, its output statistics."""
+    outputs = []
+    for role, uri in zip(TABLES, (pipeline.sink.table_uri, pipeline.sink.quarantine_uri)):
+        namespace, name = table_dataset(uri)
+        state = (states or {}).get(role)
+        facets = {}
+        if state is not None and state.version is not None:
+            facets = {"schema": schema_dataset.SchemaDatasetFacet(fields=list(state.fields)),
+                      "storage": storage_dataset.StorageDatasetFacet(storageLayer="delta", fileFormat="parquet"),
+                      "version": dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(state.version))}
+        statistics = (added or {}).get(role)
+        output_facets = {} if statistics is None else {
+            "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                rowCount=statistics.get("rows"), size=statistics.get("bytes"), fileCount=statistics.get("files"))}
+        outputs.append(OutputDataset(namespace, name, facets=facets, outputFacets=output_facets))
+    return outputs
+
+
+def start_lineage(pipeline: Pipeline) -> OperatorLineage:
+    """Before the run: the topics the config names (a pattern's are known once planned) and the tables."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage(inputs=input_datasets(pipeline, pipeline.source.topic_names or ()),
+                           outputs=output_datasets(pipeline))
+
+
+def run_lineage(pipeline: Pipeline, plan: Plan, run_id: str, report: RunReport | None,
+                dry_run: bool = False) -> OperatorLineage:
+    """After the run (``report``; None when the task skipped an empty plan or a dry run): the
+    plan's topics, the tables at the versions the run made (or found), what it added, and the
+    ``oncemore`` run facet."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    made = report.committed_versions if report is not None else dict.fromkeys(TABLES)
+    storage = dict(pipeline.sink.storage_options)
+    states = {role: table_state(uri, storage, made[role])
+              for role, uri in zip(TABLES, (pipeline.sink.table_uri, pipeline.sink.quarantine_uri))}
+    batches = [b for b in report.batches if b.status == "committed"] if report is not None else []
+    facet = OncemoreRunFacet(
+        pipeline=pipeline.name, runId=run_id,
+        status="dry-run" if dry_run else report.status if report is not None else "no-op",
+        committed=_ranges(report.committed if report is not None else {}),
+        batches=[{"seq": b.seq, "committed": _ranges(b.committed), "versions": b.versions,
+                  "quarantineVersions": b.quarantine_versions, "written": b.written, "quarantined": b.quarantined}
+                 for b in batches],
+        tableVersion=states["main"].version, quarantineTableVersion=states["quarantine"].version)
+    added = report.added if report is not None else {}
+    return OperatorLineage(inputs=input_datasets(pipeline, plan.topics), outputs=output_datasets(pipeline, states, added),
+                           run_facets={"oncemore": facet})
+
+
+def _ranges(ranges) -> dict[str, dict[str, list[int]]]:
+    return nested({key: list(pair) for key, pair in ranges.items()})
+
+
+def lineage_enabled() -> bool:
+    """Whether the OpenLineage provider emits at all (a transport is configured): the facts are
+    read only then."""
+    from airflow.providers.openlineage import conf
+
+    return not conf.is_disabled()
