@@ -68,6 +68,10 @@ def test_debezium_in_offset_order_lands_the_source_tables_state(spark, broker, t
     assert project(found, COLUMNS) == source_state(events)
     accounted(pipeline)
     assert report.batches[0].status == "committed"
+    # A MERGE's rows written (delta-rs writes its files, so no bytes): those its events inserted or updated.
+    (merged,) = [c for c in DeltaTable(pipeline.sink.table_uri).history(1)]
+    metrics = merged["operationMetrics"]
+    assert report.added["main"] == {"rows": metrics["num_target_rows_inserted"] + metrics["num_target_rows_updated"]}
     again = run(pipeline, spark_factory=lambda: spark)
     assert all(b.status != "committed" for b in again.batches)
 

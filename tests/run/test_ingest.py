@@ -31,6 +31,7 @@ from conftest import (
 )
 from oncemore.commit import part
 from oncemore.config.values import OffsetBound
+from oncemore.core.coordinates import KafkaPartition, nested
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES
 from oncemore.kafka.clients import admin_client, log_bounds
 from oncemore.plan.commitinfo import FORMAT_VERSION
@@ -128,6 +129,15 @@ def test_max_records_per_commit_splits_into_commits_each_with_its_positions(brok
             assert snapshot.transaction_version(app_id("orders", topic, partition)) == end
             previous[partition] = end
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
+    # What the run hands back (oncemore run --report-file, Airflow's lineage) is what the table holds.
+    handed = RunReport.from_json(report.to_json(), report.plan)
+    assert handed.committed == {KafkaPartition(topic, p): (0, end) for p, end in previous.items()}
+    for batch, (version, record) in zip(handed.batches, commits):
+        assert batch.versions == [version] and nested({k: list(v) for k, v in batch.committed.items()}) == record.ranges
+    sizes = DeltaTable(pipeline.sink.table_uri).get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    assert handed.added == {"main": {"rows": query(pipeline.sink.table_uri, "SELECT count(*) FROM {table}")[0][0],
+                                     "bytes": sum(sizes), "files": len(sizes)}}
+    assert handed.committed_versions == {"main": DeltaTable(pipeline.sink.table_uri).version(), "quarantine": None}
     # Each commit says where its time went; the run's own phases only in the run's first commit.
     profiles = [b.profile for _, b in commits]
     assert set(RUN_PHASES) <= set(profiles[0]) and not set(RUN_PHASES) & set(profiles[1])
@@ -163,8 +173,11 @@ def test_malformed_records_go_to_quarantine_and_counts_add_up(broker, topic, mak
     assert sorted(v for v, _ in quarantined) == sorted(bad_values.values())
     assert all(error for _, error in quarantined)
     # The quarantine commit carries the same ledger for the same app ids.
-    (_, batch), = oncemore_commits(pipeline.sink.quarantine_uri)
+    (version, batch), = oncemore_commits(pipeline.sink.quarantine_uri)
     assert batch.records["quarantined"] == 4
+    sizes = DeltaTable(pipeline.sink.quarantine_uri).get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    assert report.added["quarantine"] == {"rows": len(quarantined), "bytes": sum(sizes), "files": len(sizes)}
+    assert report.committed_versions["quarantine"] == version
 
 
 def _delivery_order(produced: list[tuple[int, int]], records) -> list[tuple[int, int]]:

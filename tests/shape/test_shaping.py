@@ -55,12 +55,17 @@ def test_a_sql_transform_filters_derives_a_date_partition_and_counts_what_it_dro
                              expectations=[{"name": "not_huge", "check": "amount < 300"}],
                              sink={"partition_by": ["day"]})
 
-    runner.run(pipeline, spark_factory=lambda: spark)
+    report = runner.run(pipeline, spark_factory=lambda: spark)
 
     filtered = sum(1 for i in range(300) if i != 5 and i * 1.25 < 10)
     huge = sum(1 for i in range(300) if i * 1.25 >= 300)
     (record,) = commits(pipeline.sink.table_uri)
     assert record["records"] == {"written": 300 - 1 - filtered - huge, "quarantined": 1 + huge, "filtered": filtered}
+    # What the run hands back of its commits (through Spark's driver-side commit) is what the tables hold.
+    for role, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
+        sizes = DeltaTable(uri).get_add_actions(flatten=True).column("size_bytes").to_pylist()
+        assert report.added[role] == {"rows": query(uri, "SELECT count(*) FROM {table}")[0][0], "bytes": sum(sizes),
+                                      "files": len(sizes)}, role
     assert record["expectations"] == {"not_huge": huge}
     landed = accounted(pipeline)
     assert len(landed) == len(set(landed)) == 300 - filtered and set(landed) <= set(produced)
