@@ -90,9 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="commit batches over the pipeline's quarantine limit (with --until: only the one a run named)")
     run.add_argument("--kafka-overrides-file", type=Path,
                      help="JSON {bootstrap_servers, kafka_options} replacing the config's (an Airflow connection's)")
-    run.add_argument("--report-file", type=Path,
-                     help="also write what the run did as JSON to this file: per batch the ranges its commits "
-                          "moved, records, what each table gained (rows, bytes, files), versions")
+    run.add_argument("--report-file", type=Path, help="also write what the run committed to this file (JSON)")
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
     plan.add_argument("--until", default="latest", help=until_help)
     plan.add_argument("--json", action="store_true", help="machine-readable plan")

@@ -33,6 +33,7 @@ from openlineage.client.facet_v2 import (
     output_statistics_output_dataset,
     schema_dataset,
     storage_dataset,
+    symlinks_dataset,
 )
 from openlineage.client.naming import dataset as naming
 
@@ -126,6 +127,23 @@ def _field(name: str, kind) -> schema_dataset.SchemaDatasetFacetFields:
         return schema_dataset.SchemaDatasetFacetFields(
             name, "map", fields=[_field("key", kind.key_type), _field("value", kind.value_type)])
     return schema_dataset.SchemaDatasetFacetFields(name, kind.type)
+
+
+def catalog_symlink(catalog, suffix: str = "", aws_region: str | None = None,
+                    aws_account: str | None = None) -> symlinks_dataset.Identifier | None:
+    """The name a table has in the catalog ``sink.catalog`` registers it in, as OpenLineage names it,
+    for the table's ``symlinks`` facet (``suffix``: ``_quarantine`` for the quarantine table): Hive
+    ``hive://host:port`` and ``database.table``; Glue ``arn:aws:glue:region:account`` and
+    ``table/database/table``, when the region and account are known (None otherwise)."""
+    table = f"{catalog.table}{suffix}"
+    if catalog.type == "hive":
+        address = urlsplit(catalog.uri)
+        named = naming.Hive(address.hostname, str(address.port), catalog.database, table)
+    elif aws_region and aws_account:
+        named = naming.AWSGlue(aws_region, aws_account, catalog.database, table)
+    else:
+        return None
+    return symlinks_dataset.Identifier(named.get_namespace(), named.get_name(), "TABLE")
 
 
 def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:

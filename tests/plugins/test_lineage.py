@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from openlineage.client.facet_v2 import symlinks_dataset
 from test_airflow import HOUR, T0, airflow_db, airflow_section  # noqa: F401 (airflow_db: a fixture)
 
 from conftest import ROOT, held_positions, order, query, read_pairs
@@ -152,3 +153,19 @@ def test_topics_and_tables_are_named_by_the_openlineage_naming_spec():
         "abfss://data@acct.dfs.core.windows.net", "orders")
     assert table_dataset("file:///data/orders") == ("file", "/data/orders")
     assert table_dataset("relative/orders") == ("file", str(Path("relative/orders").resolve()))
+
+
+def test_a_catalog_name_is_a_symlink_by_the_naming_spec():
+    from types import SimpleNamespace
+
+    from oncemore_airflow.lineage import catalog_symlink
+
+    hive = SimpleNamespace(type="hive", uri="thrift://metastore.example.com:9083", database="sales", table="orders")
+    glue = SimpleNamespace(type="glue", database="sales", table="orders")
+
+    assert catalog_symlink(hive) == symlinks_dataset.Identifier("hive://metastore.example.com:9083", "sales.orders",
+                                                                "TABLE")
+    assert catalog_symlink(hive, "_quarantine").name == "sales.orders_quarantine"
+    assert catalog_symlink(glue, aws_region="eu-west-1", aws_account="123456789012") == symlinks_dataset.Identifier(
+        "arn:aws:glue:eu-west-1:123456789012", "table/sales/orders", "TABLE")
+    assert catalog_symlink(glue) is None, "Glue's name needs the region and account"
