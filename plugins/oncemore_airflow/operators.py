@@ -100,12 +100,11 @@ class IngestTask:
     def gather_lineage(self, plan: Plan, run_id: str, report, dry_run: bool = False) -> None:
         """Reads what the task's COMPLETE event carries, when OpenLineage emits at all. A failure
         is a warning: the commits stand, and their record in the table's log keeps every fact."""
-        from oncemore_airflow.lineage import lineage_enabled, run_lineage
-
-        if not lineage_enabled():
-            return
         try:
-            self._lineage = run_lineage(self.pipeline(), plan, run_id, report, dry_run)
+            from oncemore_airflow.lineage import lineage_enabled, run_lineage
+
+            if lineage_enabled():
+                self._lineage = run_lineage(self.pipeline(), plan, run_id, report, dry_run)
         except Exception as exc:  # noqa: BLE001 (lineage never fails a run that committed)
             self.log.warning("pipeline %s: run %s: its lineage could not be gathered, the event goes without it (the "
                              "run's commits stand; the table's log records them): %s", plan.pipeline, run_id, exc)

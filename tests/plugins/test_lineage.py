@@ -169,3 +169,27 @@ def test_a_catalog_name_is_a_symlink_by_the_naming_spec():
     assert catalog_symlink(glue, aws_region="eu-west-1", aws_account="123456789012") == symlinks_dataset.Identifier(
         "arn:aws:glue:eu-west-1:123456789012", "table/sales/orders", "TABLE")
     assert catalog_symlink(glue) is None, "Glue's name needs the region and account"
+
+
+def test_lineage_that_cannot_be_gathered_is_a_warning_and_the_task_returns_its_report(
+        make_pipeline, tmp_path, monkeypatch, capsys):
+    from oncemore.core.coordinates import KafkaPartition
+    from oncemore.plan.planner import Plan
+    from oncemore.run.runreport import BatchReport, RunReport
+    from oncemore_airflow.operators import OncemoreIngestOperator
+
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "console"}))
+    pipeline = make_pipeline("t", airflow=airflow_section())
+    log = Path(pipeline.sink.table_uri, "_delta_log")
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("{not a delta log")  # the table cannot be read back
+    plan = Plan(pipeline.name, ("t",), pipeline.sink.table_uri, "latest", ())
+    report = RunReport(pipeline.name, "manual__1", plan, [BatchReport(0, {KafkaPartition("t", 0): (0, 5)}, "committed",
+                                                                      5, versions=[0])])
+    task = OncemoreIngestOperator(task_id="ingest", config_path=pipeline.origin)
+
+    returned = task.landed(plan, "manual__1", report)
+
+    assert returned == json.loads(report.to_json())
+    assert task.get_openlineage_facets_on_complete(None) is None, "the provider then sends the event without it"
+    assert f"pipeline {pipeline.name}: run manual__1: its lineage could not be gathered" in capsys.readouterr().out
