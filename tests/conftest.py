@@ -109,6 +109,22 @@ def hive_metastore(tmp_path_factory):
     metastore.stop()
 
 
+def hive_table(metastore, database: str, name: str):
+    """The table as the metastore holds it (its Thrift object)."""
+    from pymetastore.hive_metastore import ThriftHiveMetastore
+    from pymetastore.hive_metastore.ttypes import GetTableRequest
+    from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+    from thrift.transport import TSocket, TTransport
+
+    transport = TTransport.TBufferedTransport(TSocket.TSocket("127.0.0.1", metastore.port))
+    transport.open()
+    try:
+        return ThriftHiveMetastore.Client(TBinaryProtocol(transport)).get_table_req(
+            GetTableRequest(dbName=database, tblName=name)).table
+    finally:
+        transport.close()
+
+
 @pytest.fixture(scope="session")
 def spark():
     from oncemore.run.session import spark_session

@@ -5,7 +5,8 @@ Datasets are named by OpenLineage's naming spec through openlineage-python's hel
 ``kafka://host:port`` (the first bootstrap server, without a listener prefix or credentials) and
 its name; a table by its location (``file`` and its absolute path, ``s3://bucket`` and its key,
 ``gs://``, ``abfss://``). Each table carries its schema, storage (delta, parquet) and version
-facets as the run left it, and output statistics (rows, bytes, files) only when a commit of this
+facets as the run left it, its catalog name (``symlinks``) once the run registered it in
+``sink.catalog``, and output statistics (rows, bytes, files) only when a commit of this
 run added to it: a no-op carries none. The run facet ``oncemore`` carries each partition's
 committed [start, end) and the versions the run made.
 
@@ -19,10 +20,13 @@ report task).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+import boto3
 from attrs import define
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -37,6 +41,8 @@ from openlineage.client.facet_v2 import (
 )
 from openlineage.client.naming import dataset as naming
 
+from oncemore.catalog.glue import CLIENT_CONFIG
+from oncemore.config.catalog import QUARANTINE_SUFFIX, Catalog
 from oncemore.config.model import Pipeline
 from oncemore.core.coordinates import nested
 from oncemore.core.storage import table_location
@@ -129,21 +135,20 @@ def _field(name: str, kind) -> schema_dataset.SchemaDatasetFacetFields:
     return schema_dataset.SchemaDatasetFacetFields(name, kind.type)
 
 
-def catalog_symlink(catalog, suffix: str = "", aws_region: str | None = None,
-                    aws_account: str | None = None) -> symlinks_dataset.Identifier | None:
-    """The name a table has in the catalog ``sink.catalog`` registers it in, as OpenLineage names it,
-    for the table's ``symlinks`` facet (``suffix``: ``_quarantine`` for the quarantine table): Hive
-    ``hive://host:port`` and ``database.table``; Glue ``arn:aws:glue:region:account`` and
-    ``table/database/table``, when the region and account are known (None otherwise)."""
-    table = f"{catalog.table}{suffix}"
+def catalog_symlinks(catalog: Catalog) -> dict[str, symlinks_dataset.Identifier]:
+    """By table, the name ``sink.catalog`` registers it under (catalog/registration.py), as
+    OpenLineage names it: Hive ``hive://host:port`` and ``database.table``; Glue
+    ``arn:aws:glue:region:account`` and ``table/database/table``, the region and account those of
+    AWS's environment, as Glue's client finds them (one call to STS)."""
     if catalog.type == "hive":
         address = urlsplit(catalog.uri)
-        named = naming.Hive(address.hostname, str(address.port), catalog.database, table)
-    elif aws_region and aws_account:
-        named = naming.AWSGlue(aws_region, aws_account, catalog.database, table)
+        named = partial(naming.Hive, address.hostname, str(address.port), catalog.database)
     else:
-        return None
-    return symlinks_dataset.Identifier(named.get_namespace(), named.get_name(), "TABLE")
+        session = boto3.session.Session(region_name=os.environ.get("AWS_REGION") or None)
+        account = session.client("sts", config=CLIENT_CONFIG).get_caller_identity()["Account"]
+        named = partial(naming.AWSGlue, session.region_name, account, catalog.database)
+    return {role: symlinks_dataset.Identifier(name.get_namespace(), name.get_name(), "TABLE")
+            for role, name in (("main", named(catalog.table)), ("quarantine", named(catalog.table + QUARANTINE_SUFFIX)))}
 
 
 def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:
@@ -152,9 +157,11 @@ def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:
 
 
 def output_datasets(pipeline: Pipeline, states: dict[str, TableState] | None = None,
-                    added: dict[str, dict[str, int]] | None = None) -> list[OutputDataset]:
-    """The main and the quarantine table; with ``states``, their facets; with what the run
-    ``added`` to a table, its output statistics."""
+                    added: dict[str, dict[str, int]] | None = None,
+                    registered: dict[str, symlinks_dataset.Identifier] | None = None) -> list[OutputDataset]:
+    """The main and the quarantine table; with ``states``, their facets, and the catalog name of
+    each that exists, when the tables are ``registered``; with what the run ``added`` to a table,
+    its output statistics."""
     outputs = []
     for role, uri in zip(TABLES, (pipeline.sink.table_uri, pipeline.sink.quarantine_uri)):
         namespace, name = table_dataset(uri)
@@ -164,6 +171,8 @@ def output_datasets(pipeline: Pipeline, states: dict[str, TableState] | None = N
             facets = {"schema": schema_dataset.SchemaDatasetFacet(fields=list(state.fields)),
                       "storage": storage_dataset.StorageDatasetFacet(storageLayer="delta", fileFormat="parquet"),
                       "version": dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(state.version))}
+            if role in (registered or {}):
+                facets["symlinks"] = symlinks_dataset.SymlinksDatasetFacet(identifiers=[registered[role]])
         statistics = (added or {}).get(role)
         output_facets = {} if statistics is None else {
             "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
@@ -201,8 +210,10 @@ def run_lineage(pipeline: Pipeline, plan: Plan, run_id: str, report: RunReport |
                  for b in batches],
         tableVersion=states["main"].version, quarantineTableVersion=states["quarantine"].version)
     added = report.added if report is not None else {}
-    return OperatorLineage(inputs=input_datasets(pipeline, plan.topics), outputs=output_datasets(pipeline, states, added),
-                           run_facets={"oncemore": facet})
+    # A run that returned registered the tables that exist (a failed registration fails the run).
+    registered = catalog_symlinks(pipeline.sink.catalog) if report is not None and pipeline.sink.catalog else {}
+    return OperatorLineage(inputs=input_datasets(pipeline, plan.topics),
+                           outputs=output_datasets(pipeline, states, added, registered), run_facets={"oncemore": facet})
 
 
 def _ranges(ranges) -> dict[str, dict[str, list[int]]]:

@@ -11,12 +11,7 @@ import os
 import uuid
 
 import pytest
-from pymetastore.hive_metastore import ThriftHiveMetastore
-from pymetastore.hive_metastore.ttypes import GetTableRequest
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
-from thrift.transport import TSocket, TTransport
-
-from conftest import assert_exactly_once, read_pairs
+from conftest import assert_exactly_once, hive_table, read_pairs
 from devtools.kafkabroker import free_port
 from oncemore.core.errors import CatalogError
 from oncemore.run import runner
@@ -44,17 +39,6 @@ def reader(hive_metastore, tmp_path_factory):
     stop_session(session)
     server.stop()
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # the worker's other modules use a classic session
-
-
-def hive_table(metastore, database: str, name: str):
-    """The table as the metastore holds it (its Thrift object)."""
-    transport = TTransport.TBufferedTransport(TSocket.TSocket("127.0.0.1", metastore.port))
-    transport.open()
-    try:
-        return ThriftHiveMetastore.Client(TBinaryProtocol(transport)).get_table_req(
-            GetTableRequest(dbName=database, tblName=name)).table
-    finally:
-        transport.close()
 
 
 def record(i: int, evolved: bool = False) -> bytes:

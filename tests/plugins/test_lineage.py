@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from openlineage.client.facet_v2 import symlinks_dataset
 from test_airflow import HOUR, T0, airflow_db, airflow_section  # noqa: F401 (airflow_db: a fixture)
 
-from conftest import ROOT, held_positions, order, query, read_pairs
+from conftest import ROOT, held_positions, hive_table, order, query, read_pairs
 from oncemore_airflow.factory import dag_id
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
@@ -155,20 +155,41 @@ def test_topics_and_tables_are_named_by_the_openlineage_naming_spec():
     assert table_dataset("relative/orders") == ("file", str(Path("relative/orders").resolve()))
 
 
-def test_a_catalog_name_is_a_symlink_by_the_naming_spec():
+def test_a_catalog_name_is_a_symlink_by_the_naming_spec(s3_server, monkeypatch):
     from types import SimpleNamespace
 
-    from oncemore_airflow.lineage import catalog_symlink
+    from oncemore_airflow.lineage import catalog_symlinks
 
     hive = SimpleNamespace(type="hive", uri="thrift://metastore.example.com:9083", database="sales", table="orders")
-    glue = SimpleNamespace(type="glue", database="sales", table="orders")
+    assert catalog_symlinks(hive) == {
+        "main": symlinks_dataset.Identifier("hive://metastore.example.com:9083", "sales.orders", "TABLE"),
+        "quarantine": symlinks_dataset.Identifier("hive://metastore.example.com:9083", "sales.orders_quarantine", "TABLE")}
 
-    assert catalog_symlink(hive) == symlinks_dataset.Identifier("hive://metastore.example.com:9083", "sales.orders",
-                                                                "TABLE")
-    assert catalog_symlink(hive, "_quarantine").name == "sales.orders_quarantine"
-    assert catalog_symlink(glue, aws_region="eu-west-1", aws_account="123456789012") == symlinks_dataset.Identifier(
-        "arn:aws:glue:eu-west-1:123456789012", "table/sales/orders", "TABLE")
-    assert catalog_symlink(glue) is None, "Glue's name needs the region and account"
+    # Glue's: the region and account of AWS's environment (here moto's server, whose account is 123456789012).
+    options = s3_server.storage_options()
+    for key in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, options[key])
+    glue = SimpleNamespace(type="glue", database="sales", table="orders")
+    assert catalog_symlinks(glue)["main"] == symlinks_dataset.Identifier(
+        f"arn:aws:glue:{options['AWS_REGION']}:123456789012", "table/sales/orders", "TABLE")
+
+
+def test_the_tables_registered_in_a_hive_metastore_carry_their_catalog_names(
+        airflow_db, broker, topic, make_pipeline, tmp_path, hive_metastore):  # noqa: F811
+    broker.produce(topic, [(i % 3, None, order(i), None) for i in range(30)] + [(1, b"bad", BAD[0], None)])
+    database = f"bronze_{topic.lower()}"
+    pipeline = make_pipeline(topic, name=topic, airflow=airflow_section(),
+                             sink={"catalog": {"type": "hive", "uri": hive_metastore.uri, "database": database,
+                                               "table": "orders"}})
+
+    dags_test(pipeline, T0 + HOUR, tmp_path / "run.jsonl")
+
+    outputs = outputs_by_name(task_event(read_events(tmp_path / "run.jsonl"), "ingest", "COMPLETE"))
+    for uri, name in ((pipeline.sink.table_uri, "orders"), (pipeline.sink.quarantine_uri, "orders_quarantine")):
+        registered = hive_table(hive_metastore, database, name)
+        assert registered.sd.location.rstrip("/").endswith(str(Path(uri).resolve())), "the metastore holds it there"
+        assert outputs[str(Path(uri).resolve())]["facets"]["symlinks"]["identifiers"] == [
+            {"namespace": f"hive://127.0.0.1:{hive_metastore.port}", "name": f"{database}.{name}", "type": "TABLE"}]
 
 
 def test_lineage_that_cannot_be_gathered_is_a_warning_and_the_task_returns_its_report(
