@@ -28,8 +28,7 @@ from urllib.parse import urlsplit
 
 import boto3
 from attrs import define
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.schema import ArrayType, MapType, StructType
 from openlineage.client.event_v2 import InputDataset, OutputDataset
 from openlineage.client.facet_v2 import (
     RunFacet,
@@ -46,6 +45,7 @@ from oncemore.config.catalog import QUARANTINE_SUFFIX, Catalog
 from oncemore.config.model import Pipeline
 from oncemore.core.coordinates import nested
 from oncemore.core.storage import table_location
+from oncemore.plan.ledger import open_table
 from oncemore.plan.planner import Plan
 from oncemore.run.runreport import RunReport
 
@@ -114,22 +114,22 @@ def table_dataset(table_uri: str) -> tuple[str, str]:
 
 def table_state(table_uri: str, storage_options: dict[str, str] | None, version: int | None) -> TableState:
     """The table at ``version`` (its newest when None), from its Delta log."""
-    try:
-        table = DeltaTable(table_location(table_uri), version=version, storage_options=storage_options or None)
-    except TableNotFoundError:
+    table = open_table(table_location(table_uri), storage_options)
+    if table is None:
         return TableState(None)
+    if version is not None and version != table.version():  # a later commit is another run's
+        table.load_as_version(version)
     return TableState(table.version(), tuple(_field(f.name, f.type) for f in table.schema().fields))
 
 
 def _field(name: str, kind) -> schema_dataset.SchemaDatasetFacetFields:
     """A Delta schema field as the schema facet nests it (an array's element is ``_element``, a
     map's ``key`` and ``value``)."""
-    kind_name = type(kind).__name__
-    if kind_name == "StructType":
+    if isinstance(kind, StructType):
         return schema_dataset.SchemaDatasetFacetFields(name, "struct", fields=[_field(f.name, f.type) for f in kind.fields])
-    if kind_name == "ArrayType":
+    if isinstance(kind, ArrayType):
         return schema_dataset.SchemaDatasetFacetFields(name, "array", fields=[_field("_element", kind.element_type)])
-    if kind_name == "MapType":
+    if isinstance(kind, MapType):
         return schema_dataset.SchemaDatasetFacetFields(
             name, "map", fields=[_field("key", kind.key_type), _field("value", kind.value_type)])
     return schema_dataset.SchemaDatasetFacetFields(name, kind.type)

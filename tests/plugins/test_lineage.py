@@ -155,6 +155,37 @@ def test_topics_and_tables_are_named_by_the_openlineage_naming_spec():
     assert table_dataset("relative/orders") == ("file", str(Path("relative/orders").resolve()))
 
 
+def test_a_schema_facet_nests_structs_arrays_and_maps_as_the_delta_log_has_them(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from oncemore_airflow.lineage import table_state
+
+    uri = str(tmp_path / "nested")
+    schema = pa.schema([("id", pa.int64()), ("address", pa.struct([("city", pa.string()), ("zip", pa.string())])),
+                        ("items", pa.list_(pa.string())), ("tags", pa.map_(pa.string(), pa.int32()))])
+    for i in range(2):  # versions 0 and 1
+        write_deltalake(uri, pa.table({"id": [i], "address": [{"city": "x", "zip": None}], "items": [["a"]],
+                                       "tags": [[("a", i)]]}, schema=schema), mode="append")
+
+    state = table_state(uri, None, 0)
+
+    assert state.version == 0, "the version asked for, not the newest"
+    assert [attr_dict(f) for f in state.fields] == [
+        {"name": "id", "type": "long", "fields": []},
+        {"name": "address", "type": "struct", "fields": [{"name": "city", "type": "string", "fields": []},
+                                                          {"name": "zip", "type": "string", "fields": []}]},
+        {"name": "items", "type": "array", "fields": [{"name": "_element", "type": "string", "fields": []}]},
+        {"name": "tags", "type": "map", "fields": [{"name": "key", "type": "string", "fields": []},
+                                                   {"name": "value", "type": "integer", "fields": []}]}]
+    assert table_state(str(tmp_path / "none"), None, None).version is None
+
+
+def attr_dict(field) -> dict:
+    """A schema field as the event's JSON has it (the fields OpenLineage's serializer keeps)."""
+    return {"name": field.name, "type": field.type, "fields": [attr_dict(f) for f in field.fields]}
+
+
 def test_a_catalog_name_is_a_symlink_by_the_naming_spec(s3_server, monkeypatch):
     from types import SimpleNamespace
 
