@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from openlineage.client.facet_v2 import symlinks_dataset
-from test_airflow import HOUR, T0, airflow_db, airflow_section  # noqa: F401 (airflow_db: a fixture)
+from test_airflow import HOUR, T0, airflow_db, airflow_migrated, airflow_section  # noqa: F401 (fixtures)
 
 from conftest import ROOT, held_positions, hive_table, order, query, read_pairs
 from oncemore_airflow.factory import dag_id
