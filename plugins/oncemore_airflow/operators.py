@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.log import mask_secret
 from croniter import croniter
 
+from oncemore.catalog.registration import register
 from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
@@ -82,10 +83,15 @@ class IngestTask:
         return self._pipeline
 
     def planned(self, context) -> tuple[str, Plan]:
-        """The plan to run, as JSON and parsed; an empty plan or a dry run ends the task as skipped."""
+        """The plan to run, as JSON and parsed; an empty plan or a dry run ends the task as skipped.
+        An empty plan first registers the tables in the pipeline's catalog, as a no-op ``oncemore
+        run`` does: a registration an earlier run could not make is retried by the next run, data
+        or none (DESIGN.md 8); a catalog that still refuses fails the task, naming its error."""
         text = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=PLAN_XCOM_KEY)
         plan = Plan.from_json(text)
         dry_run = bool(context["params"].get("dry_run"))
+        if plan.is_empty and not dry_run and self.pipeline().sink.catalog is not None:
+            register(self.pipeline())
         if plan.is_empty or dry_run:
             self.gather_lineage(plan, context["run_id"], None, dry_run)
             raise AirflowSkipException("dry run: nothing is committed" if dry_run else "nothing to ingest")

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -446,3 +447,27 @@ def test_the_maintenance_dag_verifies_on_its_schedule_and_the_page_shows_the_las
     assert states(failed) == {"maintain": "success", "verify": "failed"}
     shown = pipeline_overview(pipeline)["verified"]
     assert shown["ok"] is False and shown["first"].startswith(f"duplicate: {topic}/"), shown
+
+
+def test_a_run_with_nothing_to_ingest_registers_what_an_earlier_run_could_not(
+        airflow_db, broker, topic, make_pipeline, hive_metastore):
+    """An empty plan skips the ingest task before any Spark; it registers the tables first, as a
+    no-op `oncemore run` does, so the next scheduled run makes good a failed registration whether
+    or not new records arrived (DESIGN.md 8)."""
+    from conftest import hive_table
+    from devtools.kafkabroker import free_port
+
+    database = f"bronze_{uuid.uuid4().hex[:8]}"
+    catalog = {"type": "hive", "uri": f"thrift://127.0.0.1:{free_port()}", "database": database, "table": "orders"}
+    produced = broker.produce(topic, orders(0, 60))
+    down = make_pipeline(topic, sink={"catalog": catalog}, airflow=airflow_section())
+    first = build_dag(down).test(logical_date=T0 + HOUR, run_conf={"until": "latest"})
+    assert states(first) == {"plan": "success", "ingest": "failed", "report": "upstream_failed"}
+    assert_exactly_once(read_pairs(down.sink.table_uri), produced)  # committed before the registration failed
+
+    live = make_pipeline(topic, sink={"catalog": {**catalog, "uri": hive_metastore.uri}}, airflow=airflow_section())
+    again = build_dag(live).test(logical_date=T0 + 2 * HOUR, run_conf={"until": "latest"})
+    assert states(again) == {"plan": "success", "ingest": "skipped", "report": "success"}
+    assert hive_table(hive_metastore, database, "orders").sd.location == f"file:{live.sink.table_uri}"
+    assert hive_table(hive_metastore, database, "orders_quarantine").sd.location == f"file:{live.sink.quarantine_uri}"
+    assert_exactly_once(read_pairs(live.sink.table_uri), produced)
