@@ -28,7 +28,7 @@ from conftest import assert_exactly_once, oncemore, orders, process_list_watcher
 from devtools.kafkabroker import DevBroker, DevCertificates, running, start_kafka
 from oncemore.config.loading import load_pipeline
 from oncemore.config.model import Pipeline
-from oncemore.core.errors import KafkaAccessDenied, TaskFailed
+from oncemore.core.errors import KafkaAccessDenied, MirrorError, TaskFailed
 from oncemore.kafka.clients import KafkaSourceError
 from oncemore.ops.check import check_pipeline
 from oncemore.plan.planner import plan_run
@@ -261,10 +261,16 @@ def test_a_denied_mirror_group_is_said_once_and_costs_no_stall_and_the_granted_g
     pipeline = write_pipeline(tmp_path, "mirrored", topic, cluster.broker.listeners["SASL_SSL"], options,
                               commit_consumer_group=True, limits={"max_records_per_commit": 200})
 
-    with caplog.at_level(logging.WARNING, logger="oncemore"):
-        report = runner.run(pipeline, spark_factory=lambda: spark)
+    with caplog.at_level(logging.WARNING, logger="oncemore"), pytest.raises(MirrorError) as failed:
+        runner.run(pipeline, spark_factory=lambda: spark)
 
-    assert report.status == "committed" and len(report.batches) == 3
+    # The run fails once its three commits are done (DESIGN.md 8), naming them and the group.
+    message = str(failed.value)
+    assert message.startswith("mirrored: committed 3 batch(es), 600 records written") and "\n" not in message
+    assert message.endswith("but the consumer group is not mirrored: pipeline mirrored: Kafka denies READ on consumer "
+                            "group 'oncemore.mirrored' (GROUP_AUTHORIZATION_FAILED), which the consumer-group mirror "
+                            "(commit_consumer_group: true) needs; the table holds the positions, and the next run "
+                            "mirrors them"), message
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     denied = [r.getMessage() for r in caplog.records if "consumer group" in r.getMessage()]
     assert denied == ["pipeline mirrored: Kafka denies READ on consumer group 'oncemore.mirrored' "
@@ -272,7 +278,7 @@ def test_a_denied_mirror_group_is_said_once_and_costs_no_stall_and_the_granted_g
                       "needs; positions are not mirrored for the rest of this run (the table holds them, only lag "
                       "tools lag)"]
     # Three commits, one request denied at once: not a stall timeout (20 s) per commit.
-    assert report.profile["mirror"] < 5_000, report.profile
+    assert failed.value.evidence["profile"]["mirror"] < 5_000, failed.value.evidence
 
     cluster.broker.allow(f"User:{user}", "group", "oncemore.mirrored", "READ")
     more = cluster.broker.produce(topic, orders(600, 90))

@@ -4,8 +4,10 @@ Burrow, lag exporters) show the pipeline's lag.
 
 Invariant: the mirror is written after the Delta commit and never read back; the Delta log stays
 the only source of truth, so a mirror that fails or lags costs a wrong lag figure, never a record.
-A failure is logged, not raised; a group Kafka's authorizer denies is said once per run, which
-then stops asking (each commit would be denied the same way).
+A failure never gates a commit: it is logged and kept (``failure``), and the run fails once its
+commits are done (DESIGN.md 8; every commit re-states all positions, so the next run's mirror
+catches up); a group Kafka's authorizer denies is said once per run, which then stops asking (each
+commit would be denied the same way).
 
 The offsets go through the admin client's AlterConsumerGroupOffsets (Kafka's OffsetCommit as an
 admin request, for a group nobody joins): READ on the group (and on the topics, which a run has)
@@ -38,11 +40,13 @@ def group_id(pipeline: Pipeline) -> str:
 
 
 class GroupMirror:
-    """The mirror of one run: one admin client for its commits, and whether the group was denied."""
+    """The mirror of one run: one admin client for its commits, whether the group was denied, and
+    the run's first failure to mirror (None while every commit was mirrored)."""
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
         self.denied = False
+        self.failure: str | None = None
         self._admin: AdminClient | None = None
 
     def mirror(self, positions: Mapping[KafkaPartition, int], table_version: int) -> bool:
@@ -61,13 +65,16 @@ class GroupMirror:
             return True
         except KafkaAccessDenied as exc:
             self.denied = True
+            self.failure = self.failure or str(exc)
             log.warning("%s; positions are not mirrored for the rest of this run (the table holds them, only lag "
                         "tools lag)", exc)
         except Exception as exc:  # KafkaException, a broker that cannot be reached: the table holds the positions
+            cause = f"{exc.args[0] if exc.args else exc}"
+            self.failure = self.failure or (f"pipeline {pipeline.name}: could not mirror table version {table_version} "
+                                            f"to consumer group {group_id(pipeline)}: {cause}")
             log.warning("pipeline %s: could not mirror positions of %s (table version %d) to consumer group %s: %s; "
                         "the table holds them, only lag tools lag", pipeline.name,
-                        pipeline.source.describe_subscription(), table_version, group_id(pipeline),
-                        exc.args[0] if exc.args else exc)
+                        pipeline.source.describe_subscription(), table_version, group_id(pipeline), cause)
         return False
 
 

@@ -97,6 +97,11 @@ class CatalogError(OncemoreError):
     Raised after the commits: the data is in the tables, and the next run registers them again."""
 
 
+class MirrorError(OncemoreError):
+    """The consumer-group mirror (``commit_consumer_group``) did not take a commit's positions.
+    Raised after the commits: the table holds the positions, and the next run mirrors them."""
+
+
 class CatalogConflict(CatalogError):
     """The catalog holds the name at another location, or the location under another name: oncemore
     re-points or renames nothing it did not register itself."""

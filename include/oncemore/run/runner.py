@@ -17,7 +17,8 @@ say so.
 
 With ``sink.catalog``, the run ends by registering the tables (catalog/registration.py), a no-op
 run too; a registration that fails makes the run fail after its commits, naming what it committed
-and the catalog's error (DESIGN.md 8: it never holds data back).
+and the catalog's error (DESIGN.md 8: it never holds data back); so does a consumer-group mirror
+(``commit_consumer_group``) that failed to take a commit's positions.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
 from oncemore.core.columns import key_columns
 from oncemore.core.coordinates import KafkaPartition, by_text
-from oncemore.core.errors import CatalogError, CommitConflict
+from oncemore.core.errors import CatalogError, CommitConflict, MirrorError
 from oncemore.core.stopwatch import RUN_PHASES, Stopwatch, one_line
 from oncemore.decode.resolve import ReaderBehind
 from oncemore.plan.handed import check_plan
@@ -86,17 +87,24 @@ def run(
         state.prepare(lambda: prepare(pipeline, list(plan.topics), lambda: state.spark))
         state.progress = Progress(pipeline.name, len(plan.batches), plan.offsets_left(positions))
         report.batches = [state.ingest(batch) for batch in plan.batches]
+        unmirrored = state.mirror.failure if state.mirror is not None else None
     else:
         report.batches = [BatchReport(b.seq, _ranges(b)) for b in plan.batches]
+        unmirrored = None
     unregistered = None
     if pipeline.sink.catalog is not None:
         with watch.timing("catalog"):
             unregistered = _register(pipeline)
     report.seconds, report.profile = time.monotonic() - started, watch.ms()
     log.info("%s: profile: %s", pipeline.name, one_line(report.profile))
+    mirror = f"; and the consumer group is not mirrored: {unmirrored}; the next run mirrors it" if unmirrored else ""
     if unregistered is not None:
         raise CatalogError(f"{report.summary()}; but the tables are not registered: {unregistered}; the next run "
-                           "registers them", **unregistered.evidence, run=report.summary())
+                           f"registers them{mirror}", **unregistered.evidence, run=report.summary())
+    if unmirrored is not None:
+        raise MirrorError(f"{report.summary()}; but the consumer group is not mirrored: {unmirrored}; the table "
+                          "holds the positions, and the next run mirrors them", run=report.summary(),
+                          profile=report.profile)
     return report
 
 
