@@ -3,8 +3,9 @@ records (``CommitInfo.hours``), so the oncemore page charts records by when they
 Airflow users read data intervals, not by when a (catch-up) run committed them.
 
 Hours are keyed by their start as ISO-8601 text (``2026-11-25T10:00:00Z``). A row without a
-timestamp (null, or a transform that dropped ``_kafka_timestamp``) is not counted: the page places
-what a commit's hours leave out at the commit's own time, so every record is charted once.
+timestamp (null, or a transform that dropped ``_kafka_timestamp``) or with one outside the years 1 to
+9999 that ISO text holds (a producer stamping microseconds as milliseconds) is not counted: the page
+places what a commit's hours leave out at the commit's own time, so every record is charted once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ _HOUR_US = 3_600_000_000
 # A commit whose records span more hours than this keeps no hours (its record stays small): the page
 # charts it at its commit time.
 MAX_HOURS = 24 * 31
+# The hours ISO-8601 text (Python's datetime) can name: 0001-01-01T00 to 9999-12-31T23.
+_FIRST_HOUR = int(datetime(1, 1, 1, tzinfo=timezone.utc).timestamp()) // 3600
+_LAST_HOUR = int(datetime(9999, 12, 31, 23, tzinfo=timezone.utc).timestamp()) // 3600
 
 Hours = dict[str, list[int]]  # {hour: [written, quarantined]}
 
@@ -45,11 +49,13 @@ def count(into: Hours, timestamps: pa.Array | pa.ChunkedArray | None, slot: int)
     bounds = pc.min_max(micros).as_py()
     if bounds["min"] is None:
         return
-    if bounds["min"] // _HOUR_US == bounds["max"] // _HOUR_US:  # the common case: a batch within one hour
-        into.setdefault(hour_text(bounds["min"] // _HOUR_US), [0, 0])[slot] += len(micros) - micros.null_count
+    first, last = bounds["min"] // _HOUR_US, bounds["max"] // _HOUR_US
+    if first == last and _FIRST_HOUR <= first <= _LAST_HOUR:  # the common case: a batch within one hour
+        into.setdefault(hour_text(first), [0, 0])[slot] += len(micros) - micros.null_count
         return
     # Arrow's integer division truncates towards zero: an hour before 1970 starts one lower.
     hours = pc.divide(pc.subtract(micros, pc.if_else(pc.less(micros, 0), _HOUR_US - 1, 0)), _HOUR_US)
+    hours = pc.filter(hours, pc.and_(pc.greater_equal(hours, _FIRST_HOUR), pc.less_equal(hours, _LAST_HOUR)))
     for found in pc.value_counts(pc.drop_null(hours)).to_pylist():
         into.setdefault(hour_text(found["values"]), [0, 0])[slot] += found["counts"]
 
