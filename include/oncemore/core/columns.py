@@ -42,6 +42,10 @@ OWN_PREFIX = "_oncemore_"
 CHANGE_COLUMN = f"{OWN_PREFIX}change"  # upsert | delete | tombstone
 INVALID_COLUMN = f"{OWN_PREFIX}invalid"  # NULL, or why the change cannot be applied
 TOMBSTONE_COLUMN = "_tombstone"  # the record's value is null
+# A change record's own key and value bytes, carried beside its decoded columns: a change that
+# cannot be applied is quarantined with them, as a record that does not decode is.
+RECORD_BYTES_FIELDS = [pa.field(f"{OWN_PREFIX}record_key", pa.binary()), pa.field(f"{OWN_PREFIX}record_value", pa.binary())]
+RECORD_KEY_COLUMN, RECORD_VALUE_COLUMN = (f.name for f in RECORD_BYTES_FIELDS)
 DELETED_AT_FIELD = pa.field("_deleted_at", TIMESTAMP, nullable=False)
 
 
@@ -87,11 +91,12 @@ def key_type(key_format, value_format_type: str, declared: pa.Schema | None) -> 
 
 
 def decoded_schema(value_type: str, value_columns: pa.Schema | None, key: pa.DataType | None, headers: bool,
-                   tombstones: bool = False) -> pa.Schema:
+                   changes: bool = False) -> pa.Schema:
     """The decoded records' columns, the view ``records`` a transform reads and the table without one:
     ``key`` (when the pipeline has one), the value's columns (``value`` for raw and string, else the
-    record's fields), ``headers`` (when asked for), ``_tombstone`` (upserts: a null value is a
-    record, its columns NULL) and the Kafka coordinates. SchemaError when a field
+    record's fields), ``headers`` (when asked for), for an upsert's change records ``_tombstone`` (a
+    null value is a record, its columns NULL) and the record's key and value bytes
+    (RECORD_BYTES_FIELDS), and the Kafka coordinates. SchemaError when a field
     of the value would be a second column of the key's or the headers' name (a registry schema's:
     a declared one is refused as the config loads)."""
     fields = [pa.field("key", key)] if key is not None else []
@@ -106,8 +111,8 @@ def decoded_schema(value_type: str, value_columns: pa.Schema | None, key: pa.Dat
         fields += list(value_columns)
     if headers:
         fields.append(pa.field("headers", HEADERS_TYPE))
-    if tombstones:
-        fields.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False))
+    if changes:
+        fields += [pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False), *RECORD_BYTES_FIELDS]
     return pa.schema(fields + METADATA_FIELDS)
 
 

@@ -33,13 +33,14 @@ class FormatSpec:
 
 @dataclass(frozen=True)
 class RecordSpec:
-    """The records' formats, whether they carry headers, and whether a null value is a record (an
-    upsert's tombstone) rather than an error. Travels to executors as JSON."""
+    """The records' formats, whether they carry headers, and whether they are an upsert's change
+    records (``changes``: a null value is a record, a tombstone, rather than an error, and each row
+    keeps its record's bytes for the quarantine). Travels to executors as JSON."""
 
     value: FormatSpec
     key: FormatSpec | None
     headers: bool
-    tombstones: bool = False
+    changes: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -49,4 +50,4 @@ class RecordSpec:
         data = json.loads(text)
         return cls(value=FormatSpec.from_dict(data["value"]),
                    key=FormatSpec.from_dict(data["key"]) if data["key"] else None, headers=data["headers"],
-                   tombstones=data["tombstones"])
+                   changes=data["changes"])

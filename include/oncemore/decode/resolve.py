@@ -64,7 +64,7 @@ def resolve(pipeline: Pipeline, topics: list[str]) -> RecordSpec:
     value = _resolve(pipeline, pipeline.format, "value", topics, value_registry)
     if pipeline.upsert is not None and pipeline.upsert.envelope == "debezium" and value.type == "json":
         value = replace(value, ddl=envelope_ddl(value.ddl))
-    return RecordSpec(value, key_spec, pipeline.headers, tombstones=pipeline.upsert is not None)
+    return RecordSpec(value, key_spec, pipeline.headers, changes=pipeline.upsert is not None)
 
 
 def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int) -> RecordSpec:

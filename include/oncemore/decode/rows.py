@@ -6,7 +6,8 @@ protobuf/; raw keeps the bytes, string checks they are UTF-8), headers become Sp
 ``headers`` column, and the Kafka coordinates are added. A record goes to quarantine, with its
 bytes, its coordinates and the reason, when its value or its key cannot be decoded into the
 table's types, when its value is null (a tombstone) and the value format is not raw (an upsert's
-tombstone is a record: its columns NULL, ``_tombstone`` true), or when its
+tombstone is a record: its columns NULL, ``_tombstone`` true; an upsert's rows also keep their
+record's key and value bytes, for the quarantine of a change that cannot be applied), or when its
 Kafka timestamp is one no microsecond timestamp can hold (a producer stamping another unit). Never
 a NULL in place of what could not be stored: decode/decoder.py's invariant, kept for the whole record.
 """
@@ -53,7 +54,7 @@ class RecordDecoder:
             errors[i] = (f"Kafka timestamp {records.column('timestamp_ms')[i].as_py()} ms is beyond what a "
                          "microsecond timestamp can hold (the producer stamped another unit?)")
         values = records.column("value").combine_chunks()
-        if self.spec.value.type != "raw" and not self.spec.tombstones:
+        if self.spec.value.type != "raw" and not self.spec.changes:
             for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
                 errors.setdefault(i, "value is null (a tombstone), not a record")
         key, value = self._decode_key_and_value(records.column("key").combine_chunks(), values, errors)
@@ -71,8 +72,8 @@ class RecordDecoder:
         if self.spec.headers:
             columns.append(records.column("headers"))
             names.append("headers")
-        if self.spec.tombstones:
-            columns.append(pc.is_null(values))
+        if self.spec.changes:
+            columns += [pc.is_null(values), records.column("key"), values]
         columns += [records.column(_METADATA_SOURCE[f.name]) for f in METADATA_FIELDS]
         rows = pa.Table.from_arrays(columns, schema=self.schema)
         if not errors:  # the common case: every record good, rows already in order
@@ -207,4 +208,4 @@ def decoded_columns(spec: RecordSpec, value_registry: Mapping[str, str] | None,
         else:
             key = pa.struct(list(columns))
     return decoded_schema(spec.value.type, format_columns(spec.value, value_registry), key, spec.headers,
-                          spec.tombstones)
+                          spec.changes)

@@ -7,7 +7,7 @@ expectation's name; or, for ``on_fail: fail``, failing the task naming expectati
 partition and offset) and rows a Delta table could not read back (an empty string as a partition
 value), and writes the rest in the table's schema; its message lists its files and counts.
 An upsert's tasks write change rows instead, to the part's staging area, and quarantine those that
-cannot be applied (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
+cannot be applied, with their record's bytes (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
 to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
 Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
 with, goes to the staging area for the run. Before committing, ``commit`` leaves a mark there:
@@ -38,6 +38,8 @@ from oncemore.core.columns import (
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     QUARANTINE_SCHEMA,
+    RECORD_KEY_COLUMN,
+    RECORD_VALUE_COLUMN,
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
@@ -121,8 +123,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                                                          bad.column(PARTITION_COLUMN).to_pylist())):
                     by_partition[text] += 1
                 with watch.timing("write"):
-                    shown = bad.drop_columns([CHANGE_COLUMN]) if self.part.upsert is not None else bad
-                    quarantine.write(self._quarantined(shown, [errors[i] for i in failing]))
+                    quarantine.write(self._quarantined(bad, [errors[i] for i in failing]))
                 keep = pa.array([i not in errors for i in range(rows.num_rows)])
                 rows = rows.filter(keep)
             if rows.num_rows:
@@ -135,19 +136,26 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                             counted)
 
     def _quarantined(self, bad: pa.Table, errors: list[str]) -> pa.Table:
-        """Rows the transform made, as quarantine rows: the row as JSON for the value (the record's
-        bytes are no longer at hand), its coordinates, and the reason; rows under the quarantine
-        table's own position are already there (a crash between a batch's two commits). The
-        transform keeps the coordinates as read (transform.py), but may drop or retype the Kafka
-        timestamp: then it is NULL here, never a reason to fail (every rerun would fail alike)."""
-        metadata = [f.name for f in METADATA_FIELDS]
-        values = [json.dumps(row, default=str).encode()
-                  for row in _python_rows(bad.drop_columns([c for c in metadata if c in bad.column_names]))]
+        """Rows that cannot be written, as quarantine rows: an upsert's change rows with their
+        record's key and value bytes (shape/changes.py carries them); rows a transform made with the
+        row as JSON for the value (the record's bytes are no longer at hand); with their
+        coordinates and the reason. Rows under the quarantine table's own position are already
+        there (a crash between a batch's two commits). The transform keeps the coordinates as read
+        (transform.py), but may drop or retype the Kafka timestamp: then it is NULL here, never a
+        reason to fail (every rerun would fail alike)."""
+        if self.part.upsert is not None:
+            keys, values = bad.column(RECORD_KEY_COLUMN), bad.column(RECORD_VALUE_COLUMN)
+        else:
+            metadata = [f.name for f in METADATA_FIELDS]
+            keys = pa.nulls(bad.num_rows, pa.binary())
+            values = pa.array([json.dumps(row, default=str).encode() for row in
+                               _python_rows(bad.drop_columns([c for c in metadata if c in bad.column_names]))],
+                              pa.binary())
         stamp = bad.column(TIMESTAMP_COLUMN) if TIMESTAMP_COLUMN in bad.column_names else None
         if stamp is None or not (pa.types.is_timestamp(stamp.type) and stamp.type.tz is not None):
             stamp = pa.nulls(bad.num_rows, TIMESTAMP)
         table = pa.Table.from_arrays(
-            [pa.nulls(bad.num_rows, pa.binary()), pa.array(values, pa.binary()), pa.array(errors, pa.string()),
+            [keys, values, pa.array(errors, pa.string()),
              bad.column(TOPIC_COLUMN), bad.column(PARTITION_COLUMN), bad.column(OFFSET_COLUMN),
              stamp.cast(TIMESTAMP)], schema=QUARANTINE_SCHEMA)
         floors = pa.array([self.floors.get(f"{t}/{p}", 0) for t, p in zip(table.column(TOPIC_COLUMN).to_pylist(),

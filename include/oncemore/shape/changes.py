@@ -3,9 +3,9 @@ or the value itself), the record's headers when the pipeline reads them, its coo
 (``_oncemore_change``: upsert, delete, tombstone, truncate) and why it cannot be applied
 (``_oncemore_invalid``: NULL when it can).
 
-Invariant: one change row per record, each with its coordinates as read; a record that cannot be
-applied (an unknown op, a create without ``after``, a NULL key column, a NULL sequence) carries its
-reason, and the sink quarantines it, never drops it. A tombstone's key columns come from the Kafka
+Invariant: one change row per record, each with its coordinates and its key and value bytes as
+read; a record that cannot be applied (an unknown op, a create without ``after``, a NULL key column,
+a NULL sequence) carries its reason, and the sink quarantines it with its bytes, never drops it. A tombstone's key columns come from the Kafka
 key; so do a Debezium delete's where ``before`` lacks them. The sequence is
 ``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL,
 hence quarantined with its reason).
@@ -18,6 +18,7 @@ from oncemore.core.columns import (
     CHANGE_COLUMN,
     INVALID_COLUMN,
     METADATA_FIELDS,
+    RECORD_BYTES_FIELDS,
     SEQUENCE_COLUMN,
     TOMBSTONE_COLUMN,
     key_type_ok,
@@ -46,6 +47,7 @@ def change_rows(records, pipeline: Pipeline):
     schema = records.schema
     names = set(schema.fieldNames())
     coordinates = [f.name for f in METADATA_FIELDS]
+    record_bytes = [f.name for f in RECORD_BYTES_FIELDS]
     where = f"pipeline {pipeline.name}: upsert"
     # The record's own columns beside its value's: a value field may have any other name.
     keyed = pipeline.key is not None or pipeline.format.type == "raw"
@@ -60,7 +62,7 @@ def change_rows(records, pipeline: Pipeline):
         before = {f.name.lower() for f in schema["before"].dataType} if isinstance(schema["before"].dataType,
                                                                                 StructType) else set()
     else:
-        own = {*(["key"] if keyed else []), *extra, TOMBSTONE_COLUMN, *coordinates}
+        own = {*(["key"] if keyed else []), *extra, TOMBSTONE_COLUMN, *record_bytes, *coordinates}
         row = StructType([f for f in schema if f.name not in own])
     by_lower = {f.name.lower(): f for f in row}
     for key in upsert.keys:
@@ -134,7 +136,7 @@ def change_rows(records, pipeline: Pipeline):
                             "or 6 after it): it would tie with its neighbours')"))
         invalid.append((f"NOT {tombstone} AND {sequence} IS NULL",
                         f"'sequence_by {_sql_text(upsert.sequence_by)} is NULL or not a number'"))
-    columns += [_q(c) for c in [*extra, *coordinates]]
+    columns += [_q(c) for c in [*extra, *record_bytes, *coordinates]]
     columns.append(f"{change} AS {CHANGE_COLUMN}")
     reasons = " ".join(f"WHEN {test} THEN {reason}" for test, reason in invalid)
     columns.append(f"CAST(CASE {reasons} END AS STRING) AS {INVALID_COLUMN}")
