@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 from conftest import query
-from devtools.changefeed import read_back
-from test_upsert import accounted, assert_folded, debezium, envelope, key
+from devtools.changefeed import (ChangeEvent, debezium_events, fold, produce, project, read_back, source_state,
+                                 table_state)
 from oncemore.run.runner import run
+from test_upsert import COLUMNS, ROW, accounted, assert_folded, debezium, envelope, key
 
 
 def row(i: int, name: str = "n") -> dict:
@@ -57,3 +58,121 @@ def test_a_change_that_cannot_be_applied_is_quarantined_with_its_records_key_and
 
     assert_folded(pipeline, broker, topic, applicable_lsn, skip_invalid=True)
     assert accounted(pipeline) == len(records)
+
+
+# Kafka Connect's JsonConverter with schemas.enable=true (its default) wraps every key and value as
+# {"schema": ..., "payload": ...}, compact, the schema first; a schema is {"type", "fields" (a
+# struct's), "optional", "name", "version", "parameters", "default"}, a struct field's "field" last
+# (apache/kafka connect/json JsonConverter.asJsonSchema and convertToJsonWithEnvelope). A record
+# whose schema and value are both null, Debezium's tombstone, is written as a null value
+# (JsonConverter.fromConnectData). The envelope's schema is the one Debezium's PostgreSQL connector
+# documents for a create event (debezium/debezium, documentation/modules/ROOT/pages/connectors/
+# postgresql.adoc, "create events"), the key's its "Key" struct of the primary key.
+def connect_field(field: str, kind: str, optional: bool = True, **more) -> dict:
+    return {"type": kind, "optional": optional, **more, "field": field}
+
+
+ROW_FIELDS = [connect_field("id", "int64", False), connect_field("name", "string"), connect_field("balance", "int64")]
+KEY_SCHEMA = {"type": "struct", "fields": ROW_FIELDS[:1], "optional": False, "name": "shop.public.accounts.Key"}
+VALUE_SCHEMA = {"type": "struct", "fields": ROW_FIELDS, "optional": True, "name": "shop.public.accounts.Value"}
+SOURCE_SCHEMA = {"type": "struct", "fields": [
+    connect_field("version", "string", False), connect_field("connector", "string", False),
+    connect_field("name", "string", False), connect_field("ts_ms", "int64", False),
+    connect_field("snapshot", "string", name="io.debezium.data.Enum", version=1,
+                  parameters={"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+                  default="false"),
+    connect_field("db", "string", False), connect_field("sequence", "string"), connect_field("ts_us", "int64"),
+    connect_field("ts_ns", "int64"), connect_field("schema", "string", False), connect_field("table", "string", False),
+    connect_field("txId", "int64"), connect_field("lsn", "int64"), connect_field("xmin", "int64")],
+    "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source"}
+TRANSACTION_SCHEMA = {"type": "struct", "fields": [
+    connect_field("id", "string", False), connect_field("total_order", "int64", False),
+    connect_field("data_collection_order", "int64", False)], "optional": True, "name": "event.block", "version": 1,
+    "field": "transaction"}
+ENVELOPE_SCHEMA = {"type": "struct", "fields": [
+    {**VALUE_SCHEMA, "field": "before"}, {**VALUE_SCHEMA, "field": "after"}, SOURCE_SCHEMA,
+    connect_field("op", "string", False), connect_field("ts_ms", "int64"), TRANSACTION_SCHEMA],
+    "optional": False, "name": "shop.public.accounts.Envelope", "version": 2}
+
+
+def connect_wrapped(schema: dict, payload) -> dict:
+    return {"schema": schema, "payload": payload}
+
+
+def payloads(records):
+    """Records read back with their JsonConverter wrappers taken off (what the reference fold reads)."""
+    def unwrapped(data):
+        return None if data is None else json.dumps(json.loads(data)["payload"]).encode()
+
+    return [(t, p, o, unwrapped(k), unwrapped(v)) for t, p, o, k, v in records]
+
+
+def test_debezium_through_jsonconverter_with_schemas_lands_the_fold(spark, broker, topic, make_pipeline):
+    events = debezium_events(keys=30, changes=240, seed=11)
+    wrapped = [ChangeEvent(connect_wrapped(KEY_SCHEMA, e.key),
+                           None if e.value is None else connect_wrapped(ENVELOPE_SCHEMA, e.value), e.lsn) for e in events]
+    produce(broker.bootstrap_servers, topic, wrapped, "key")
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT", "schemas_enable": True},
+                             format={"type": "json", "schema": ROW, "schemas_enable": True},
+                             upsert={"keys": ["id"], "envelope": "debezium", "sequence_by": "source.lsn"})
+    run(pipeline, spark_factory=lambda: spark)
+
+    records = read_back(broker.bootstrap_servers, topic)
+    expected = fold(payloads(records), "debezium", ("id",), sequence=lambda value: value["source"]["lsn"])
+    found = table_state(pipeline.sink.table_uri, ("id",))
+    assert found.keys() == expected.keys() and expected
+    assert all({c: found[k][c] for c in row} == row for k, row in expected.items())
+    assert project(found, COLUMNS) == source_state(events)
+    assert quarantined(pipeline) == {}
+    assert accounted(pipeline) == len(records)
+
+
+def test_rows_through_jsonconverter_with_schemas_append_on_both_paths_and_upsert(spark, broker, topic, make_pipeline):
+    # Debezium's ExtractNewRecordState (delete.tombstone.handling.mode=rewrite-with-tombstone) sends
+    # the row itself with a __deleted field ("true" for a delete, the row as it was), then the
+    # tombstone; through JsonConverter with schemas.enable=true (debezium/debezium documentation/
+    # modules/ROOT/pages/transformations/event-flattening.adoc).
+    rows = {**VALUE_SCHEMA, "fields": [*ROW_FIELDS, connect_field("__deleted", "string")], "name": "shop.public.accounts.Value"}
+    events = []
+    for e in debezium_events(keys=20, changes=120, seed=12):
+        row = None if e.value is None else (
+            {**e.value["before"], "__deleted": "true"} if e.value["op"] == "d" else {**e.value["after"], "__deleted": "false"})
+        events.append(ChangeEvent(connect_wrapped(KEY_SCHEMA, e.key), None if row is None else connect_wrapped(rows, row),
+                                  e.lsn))
+    produce(broker.bootstrap_servers, topic, events, "key")
+    records = read_back(broker.bootstrap_servers, topic)
+    wire = {"type": "json", "schema": ROW + ", __deleted STRING"}
+    settings = dict(key={"type": "json", "schema": "id BIGINT", "schemas_enable": True},
+                    format={**wire, "schemas_enable": True})
+    upserted = make_pipeline(topic, name="rows_upsert", **settings, upsert={"keys": ["id"], "delete_when": "__deleted = 'true'"})
+    fused = make_pipeline(topic, name="rows_append", **settings)
+    shaped = make_pipeline(topic, name="rows_shaped", **settings, transform="SELECT *, upper(name) AS shout FROM records")
+    unset = make_pipeline(topic, name="rows_unset", format=wire)
+    assert not fused.shapes_in_spark and shaped.shapes_in_spark
+    for pipeline in (upserted, fused, shaped, unset):
+        run(pipeline, spark_factory=lambda: spark)
+        assert accounted(pipeline) == len(records)
+
+    expected = fold(payloads(records), "none", ("id",), delete_when=lambda value: value["__deleted"] == "true")
+    found = table_state(upserted.sink.table_uri, ("id",))
+    assert found.keys() == expected.keys() and expected
+    assert all({c: found[k][c] for c in row} == row for k, row in expected.items())
+    assert quarantined(upserted) == {}
+
+    written = {(p, o): json.loads(v)["payload"] for _, p, o, _, v in records if v is not None}
+    tombstones = {(p, o) for _, p, o, _, v in records if v is None}
+    for pipeline in (fused, shaped):
+        rows_found = query(pipeline.sink.table_uri, "SELECT _kafka_partition, _kafka_offset, id, name, balance, __deleted "
+                                                    "FROM {table}")
+        assert {(p, o): dict(zip(("id", "name", "balance", "__deleted"), r)) for p, o, *r in rows_found} == written
+        assert len(rows_found) == len(written)
+        assert {c: e for c, (_, _, e) in quarantined(pipeline).items()} == dict.fromkeys(
+            tombstones, "value is null (a tombstone), not a record")
+    # Without schemas_enable each wrapped value is refused naming the setting: read as a row, it
+    # would be a row of NULLs (no declared column is in the wrapper).
+    assert query(unset.sink.table_uri, "SELECT count(*) FROM {table}") == [(0,)]
+    reasons = {c: e for c, (_, _, e) in quarantined(unset).items()}
+    assert set(reasons) == set(written) | tombstones
+    assert {reasons[c] for c in written} == {
+        "value is Kafka Connect's JsonConverter wrapper {\"schema\": ..., \"payload\": ...} (the converter's "
+        "schemas.enable=true): set format.schemas_enable: true to read its payload"}

@@ -111,6 +111,11 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("quarantine", {"min_quarantined": 0}, "quarantine.min_quarantined", "greater than or equal to 1"),
         ("quarantine", {"min_quarantined": 2.5}, "quarantine.min_quarantined", "must be an integer"),
         ("quarantine", {"max_share": 0.2}, "quarantine.max_share", "unknown key"),
+        ("format", {"type": "raw", "schemas_enable": True}, "format.schemas_enable",
+         "applies to type json (Kafka Connect's JsonConverter), not raw"),
+        ("key", {"type": "json", "schema": "id INT", "schemas_enable": True, "confluent_framing": True},
+         "key.schemas_enable", "and confluent_framing are two different writers"),
+        ("format.schemas_enable", "yes", "format.schemas_enable", "must be true or false"),
     ],
 )
 def test_invalid_configs_name_file_key_and_problem(tmp_path, change, value, key, problem):

@@ -373,3 +373,85 @@ def test_empty_all_null_sliced_and_pickled_inputs():
     assert nulls.errors == {} and nulls.table.to_pylist() == [{"id": None, "m": None}] * 2
     sliced = pa.array([b"x", b'{"id": 1, "m": {"a": 1}}', b'{"id": 2}'], pa.binary())[1:]
     assert decoder.decode(sliced).table.to_pylist() == [{"id": 1, "m": [("a", 1)]}, {"id": 2, "m": None}]
+
+
+def connect_decode(ddl: str, values: list[bytes | None], role: str = "value"):
+    """Values read as a json format with schemas_enable (Kafka Connect's JsonConverter wrapper)."""
+    from oncemore.decode.recordspec import FormatSpec, RecordSpec
+    from oncemore.decode.rows import RecordDecoder
+
+    spec = FormatSpec("json", ddl=ddl, schemas_enable=True)
+    records = pa.table({"key": pa.array(values if role == "key" else [b'{"schema":null,"payload":{"k":1}}'] * len(values),
+                                        pa.binary()),
+                        "value": pa.array(values if role == "value" else [b'{"id":1}'] * len(values), pa.binary()),
+                        "topic": ["t"] * len(values), "partition": pa.array([0] * len(values), pa.int32()),
+                        "offset": pa.array(range(len(values)), pa.int64()),
+                        "timestamp": pa.array([0] * len(values), pa.timestamp("us", tz="UTC")),
+                        "timestamp_ms": pa.array([0] * len(values), pa.int64())})
+    key = spec if role == "key" else FormatSpec("json", ddl="k INT", schemas_enable=True)
+    value = spec if role == "value" else FormatSpec("json", ddl="id INT")
+    return RecordDecoder(RecordSpec(value, key, False)).decode(records)
+
+
+WRAPPER = ': schemas_enable expects Kafka Connect\'s JsonConverter wrapper, one object with exactly the keys "schema" and "payload"'
+
+
+def test_jsonconverter_wrappers_are_read_compact_or_not_and_anything_else_is_refused_naming_why():
+    # Compact and schema first as JsonConverter writes them (read in bytes, the batch at once), or
+    # written otherwise (read alone): the payload's text is what is decoded, numbers as written.
+    schema = b'{"type":"struct","fields":[{"type":"int32","optional":false,"field":"id"}],"optional":false}'
+    values = [b'{"schema":' + schema + b',"payload":{"id":1,"n":12.50}}', b'{"schema":null,"payload":{"id":2}}',
+              b' { "payload" : {"id": 3, "n": 0.10} , "schema" : ' + schema + b' }\n',
+              # The separator's text inside the schema: the split after it is not a JSON schema, so alone.
+              b'{"schema":{"doc":",\\"payload\\":","name":"x"},"payload":{"id":4}}',
+              b'{"schema":{"parameters":{"payload":"p"},"type":"struct"},"payload":{"id":5}}',
+              b'{"id":6}', b'{"schema":{},"payload":{"id":7},"extra":1}', b'{"schema":7,"payload":{"id":8}}',
+              b'{"schema":{},"payload":{"id":9}', b"[1]", b"{}", b'{"payload":{"id":12},"payload":{"id":12}}',
+              b"\xff", b'{"schema":{},"payload":"text"}']
+    decoded = connect_decode("id INT, n DECIMAL(4,2)", values)
+    assert decoded.good.column("id").to_pylist() == [1, 2, 3, 4, 5]
+    assert decoded.good.column("n").to_pylist() == [Decimal("12.50"), None, Decimal("0.10"), None, None]
+    assert dict(zip(decoded.bad.column("_kafka_offset").to_pylist(), decoded.bad.column("error").to_pylist())) == {
+        5: "value has the keys 'id'" + WRAPPER,
+        6: "value has the keys 'schema', 'payload', 'extra'" + WRAPPER,
+        7: "its schema is not a JSON object" + WRAPPER,
+        8: "value is not valid JSON (expected ',' or '}' at character 32)",
+        9: "value does not start with '{' (found '[1]')" + WRAPPER,
+        10: "value is an empty object" + WRAPPER,
+        11: "value has the key 'payload' twice" + WRAPPER,
+        12: "value is not valid UTF-8 (byte 0), so not JSON",
+        13: "value is a JSON string, not a JSON object"}
+    assert decoded.bad.column("value").to_pylist() == values[5:]  # quarantined with the record's bytes
+
+
+def test_a_null_payload_is_a_null_value_and_a_null_record_a_tombstone():
+    # JsonConverter writes a null schema and value (Debezium's tombstone) as no bytes; a schema with
+    # a null value as {"schema": ..., "payload": null}, which it reads back as a null value.
+    decoded = connect_decode("id INT", [None, b'{"schema":{"type":"int32","optional":true},"payload":null}',
+                                        b'{ "schema": null, "payload": null }'])
+    assert decoded.good.num_rows == 0
+    assert decoded.bad.column("error").to_pylist() == [
+        "value is null (a tombstone), not a record",
+        "value's payload is null (JsonConverter's null value), not a record",
+        "value's payload is null (JsonConverter's null value), not a record"]
+
+
+def test_a_key_through_jsonconverter_is_read_from_its_payload_and_a_wrapped_value_without_the_setting_refused():
+    decoded = connect_decode("k INT", [b'{"schema":{"type":"struct","fields":[{"type":"int32","optional":false,'
+                                       b'"field":"k"}],"optional":false,"name":"shop.Key"},"payload":{"k":7}}',
+                                       b'{"k":8}', None], role="key")
+    assert decoded.good.column("key").to_pylist() == [{"k": 7}, None]
+    assert decoded.bad.column("error").to_pylist() == ["key: value has the keys 'k'" + WRAPPER]
+    from oncemore.decode.recordspec import FormatSpec, RecordSpec
+    from oncemore.decode.rows import RecordDecoder
+
+    wrapped = b'{"schema":{"type":"struct"},"payload":{"id":1}}'
+    for ddl, refused in (("id INT", True), ("schema STRUCT<type: STRING>, payload STRUCT<id: INT>", False)):
+        decoder = RecordDecoder(RecordSpec(FormatSpec("json", ddl=ddl), None, False))
+        result = decoder.decode(pa.table({
+            "key": pa.array([None], pa.binary()), "value": pa.array([wrapped], pa.binary()), "topic": ["t"],
+            "partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
+            "timestamp": pa.array([0], pa.timestamp("us", tz="UTC")), "timestamp_ms": pa.array([0], pa.int64())}))
+        assert result.bad.column("error").to_pylist() == ([
+            'value is Kafka Connect\'s JsonConverter wrapper {"schema": ..., "payload": ...} (the converter\'s '
+            "schemas.enable=true): set format.schemas_enable: true to read its payload"] if refused else [])

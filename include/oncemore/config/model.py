@@ -161,7 +161,9 @@ class Sink(_Model):
 class Format(_Model):
     """How a record's value (``format``) or key (``key``) is decoded.
 
-    json: the declared Spark DDL (``schema``); avro and protobuf: Confluent's wire format, each
+    json: the declared Spark DDL (``schema``), the values plain, framed by Confluent's JSON Schema
+    serializer (``confluent_framing``) or wrapped by Kafka Connect's JsonConverter (``schemas_enable``);
+    avro and protobuf: Confluent's wire format, each
     record's writer schema fetched by ID from ``schema_registry`` and the table's from the
     subject's latest version (a declared ``schema`` is then checked against it); raw: the bytes;
     string: UTF-8 text."""
@@ -177,6 +179,9 @@ class Format(_Model):
                                                                 "schema's first message)")
     confluent_framing: StrictBool = Field(default=False, description="json: values carry Confluent's JSON Schema "
                                                                      "serializer header (magic byte, schema ID)")
+    schemas_enable: StrictBool = Field(
+        default=False, description='json: values written by Kafka Connect\'s JsonConverter with schemas.enable=true, '
+                                   '{"schema": ..., "payload": ...}: the payload is read, the schema consulted')
 
     @model_validator(mode="after")
     def _settings_fit_type(self) -> "Format":
@@ -194,6 +199,11 @@ class Format(_Model):
             raise key_problem("schema_registry", f"with a url is required for {self.type}")
         if self.confluent_framing and self.type != "json":
             raise key_problem("confluent_framing", "applies to type json (avro and protobuf are always framed)")
+        if self.schemas_enable and self.type != "json":
+            raise key_problem("schemas_enable", f"applies to type json (Kafka Connect's JsonConverter), not {self.type}")
+        if self.schemas_enable and self.confluent_framing:
+            raise key_problem("schemas_enable", "and confluent_framing are two different writers (JsonConverter's wrapper, "
+                                                "Confluent's JSON Schema serializer): set the one that wrote the records")
         if self.schema_registry is not None and not (registered or self.confluent_framing):
             raise key_problem("schema_registry", f"does not apply to type {self.type}")
         if self.subject is not None and not registered:

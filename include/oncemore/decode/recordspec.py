@@ -14,15 +14,17 @@ from typing import Any, Mapping
 @dataclass(frozen=True)
 class FormatSpec:
     """One format (a value's or a key's) as executors need it: its type, and for json the declared
-    DDL, for avro and protobuf the reader schema (``Schema.to_dict()``: registered, or a merge), the
-    message, the declared DDL that projects it, and the writer schema IDs whose records are errors
-    (``refused``: ID -> reason)."""
+    DDL and its wire wrapping (``framed``: Confluent's JSON Schema header; ``schemas_enable``: Kafka
+    Connect's JsonConverter wrapper), for avro and protobuf the reader schema (``Schema.to_dict()``:
+    registered, or a merge), the message, the declared DDL that projects it, and the writer schema
+    IDs whose records are errors (``refused``: ID -> reason)."""
 
     type: str
     ddl: str | None = None
     registered: Mapping[str, Any] | None = None
     message: str | None = None
     framed: bool = False
+    schemas_enable: bool = False
     refused: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod

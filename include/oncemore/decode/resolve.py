@@ -100,7 +100,7 @@ def refuse(spec: RecordSpec, role: str, schema_id: int, reason: str) -> RecordSp
 def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], settings) -> FormatSpec:
     block = "format" if role == "value" else "key"
     if fmt.type not in ("avro", "protobuf"):
-        return FormatSpec(fmt.type, ddl=fmt.ddl, framed=fmt.confluent_framing)
+        return FormatSpec(fmt.type, ddl=fmt.ddl, framed=fmt.confluent_framing, schemas_enable=fmt.schemas_enable)
     if fmt.subject is None and len(topics) != 1:
         raise FormatError(f"pipeline {pipeline.name}: {block}.subject is required: the table has one schema and the "
                           f"pipeline reads topics {', '.join(topics)}, each with a subject of its own", block=block)

@@ -15,7 +15,7 @@ a NULL in place of what could not be stored: decode/decoder.py's invariant, kept
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,9 @@ from oncemore.core.columns import METADATA_FIELDS, QUARANTINE_SCHEMA, decoded_sc
 from oncemore.core.ddl import parse_ddl
 from oncemore.decode.decoder import DecodedValues, SchemaAhead
 from oncemore.decode.recordspec import FormatSpec, RecordSpec
+
+if TYPE_CHECKING:
+    from oncemore.decode.json.connect import Unwrapped
 
 _METADATA_SOURCE = {"_kafka_topic": "topic", "_kafka_partition": "partition", "_kafka_offset": "offset",
                     "_kafka_timestamp": "timestamp"}
@@ -54,10 +57,13 @@ class RecordDecoder:
             errors[i] = (f"Kafka timestamp {records.column('timestamp_ms')[i].as_py()} ms is beyond what a "
                          "microsecond timestamp can hold (the producer stamped another unit?)")
         values = records.column("value").combine_chunks()
+        payloads = self._value.unwrap(values, errors)
         if self.spec.value.type != "raw" and not self.spec.changes:
-            for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
-                errors.setdefault(i, "value is null (a tombstone), not a record")
-        key, value = self._decode_key_and_value(records.column("key").combine_chunks(), values, errors)
+            for i in pc.indices_nonzero(pc.is_null(payloads.column)).to_pylist():
+                errors.setdefault(i, "value is null (a tombstone), not a record" if values[i].as_py() is None
+                                  else "value's payload is null (JsonConverter's null value), not a record")
+        keys = self._key.unwrap(records.column("key").combine_chunks(), errors) if self._key is not None else None
+        key, value = self._decode_key_and_value(keys, payloads, errors)
         columns: list[pa.ChunkedArray | pa.Array] = []
         names: list[str] = []
         if self._key is not None:
@@ -72,8 +78,8 @@ class RecordDecoder:
         if self.spec.headers:
             columns.append(records.column("headers"))
             names.append("headers")
-        if self.spec.changes:
-            columns += [pc.is_null(values), records.column("key"), values]
+        if self.spec.changes:  # a null value, or a null payload, is a tombstone
+            columns += [pc.is_null(payloads.column), records.column("key"), values]
         columns += [records.column(_METADATA_SOURCE[f.name]) for f in METADATA_FIELDS]
         rows = pa.Table.from_arrays(columns, schema=self.schema)
         if not errors:  # the common case: every record good, rows already in order
@@ -83,14 +89,14 @@ class RecordDecoder:
         bad_rows = sorted(errors)
         return Decoded(rows.filter(pa.array(keep)), quarantine_rows(records.take(bad_rows), [errors[i] for i in bad_rows]))
 
-    def _decode_key_and_value(self, keys: pa.Array, values: pa.Array,
+    def _decode_key_and_value(self, keys: "Payloads | None", values: "Payloads",
                               errors: dict[int, str]) -> tuple[pa.Array | None, pa.Array]:
         """The keys and values decoded; or SchemaAhead for the first record whose key or value is
         ahead of its reader (each decoder names only its own first one: the earlier of the two)."""
         found: list[SchemaAhead] = []
         key = value = None
         try:
-            key = self._key.decode(keys, errors) if self._key is not None else None
+            key = self._key.decode(keys, errors) if keys is not None else None
         except SchemaAhead as ahead:
             found.append(ahead)
         try:
@@ -102,6 +108,16 @@ class RecordDecoder:
         return key, value
 
 
+@dataclass(frozen=True)
+class Payloads:
+    """A column's values with their wire wrapping taken off (Confluent's framing, Kafka Connect's
+    JsonConverter wrapper): the payloads, null where the input or its payload is null or in
+    ``errors``; and, for JsonConverter's, each record's Connect schema (json/connect.py)."""
+
+    column: pa.Array
+    connect: "Unwrapped | None" = None
+
+
 class _FormatDecoder:
     """One format's decoding of a column (the values, or the keys) into one Arrow array: the
     record's fields as a struct for json, avro and protobuf (a plain Avro type as itself), bytes
@@ -111,21 +127,46 @@ class _FormatDecoder:
         self.spec, self.role = spec, role
         self.prefix = "key: " if role == "key" else ""
         self._decoder = format_decoder(spec, registry)
+        # JSON read without schemas_enable: a value written as JsonConverter's wrapper is refused
+        # (read as the row it would be a row of NULLs), unless the row's own columns are named so.
+        declared = {n.lower() for n in parse_ddl(spec.ddl).names} if spec.type == "json" else set()
+        self._refuses_wrapper = spec.type == "json" and not spec.schemas_enable and not declared & {"schema", "payload"}
 
-    def decode(self, column: pa.Array, errors: dict[int, str]) -> pa.Array:
-        if self.spec.type == "raw":
-            return column
-        if self.spec.type == "string":
-            return _utf8(column, errors, self.prefix)
-        payloads = column
+    def unwrap(self, column: pa.Array, errors: dict[int, str]) -> Payloads:
+        """``column``'s payloads (Payloads); the reason each that has none is in ``errors``."""
         if self.spec.framed:
             from oncemore.decode.framing import strip_confluent_framing
 
             payloads, framing_errors = strip_confluent_framing(column)
             for i, message in framing_errors.items():
                 errors.setdefault(i, f"{self.prefix}{message}")
+            return Payloads(payloads)
+        if self.spec.schemas_enable:
+            from oncemore.decode.json.connect import unwrap
+
+            unwrapped = unwrap(column)
+            for i, message in unwrapped.errors.items():
+                errors.setdefault(i, f"{self.prefix}{message}")
+            return Payloads(unwrapped.payloads, unwrapped)
+        return Payloads(column)
+
+    def decode(self, wrapped: Payloads, errors: dict[int, str]) -> pa.Array:
+        payloads = wrapped.column
+        if self.spec.type == "raw":
+            return payloads
+        if self.spec.type == "string":
+            return _utf8(payloads, errors, self.prefix)
+        if self._refuses_wrapper:
+            from oncemore.decode.json.connect import wrapped as connect_wrapped
+
+            block = "key" if self.role == "key" else "format"
+            for i in connect_wrapped(payloads):
+                errors.setdefault(i, f"{self.prefix}value is Kafka Connect's JsonConverter wrapper {{\"schema\": ..., "
+                                     f"\"payload\": ...}} (the converter's schemas.enable=true): set {block}.schemas_enable: "
+                                     "true to read its payload")
         try:
-            decoded: DecodedValues = self._decoder.decode(payloads)
+            decoded: DecodedValues = (self._decoder.decode(payloads) if wrapped.connect is None
+                                      else self._decoder.decode(payloads, wrapped.connect))
         except SchemaAhead as ahead:
             raise SchemaAhead(ahead.index, ahead.schema_id, str(ahead), self.role) from None
         for i, message in decoded.errors.items():
@@ -136,10 +177,10 @@ class _FormatDecoder:
         if self.role == "key" and table.column_names == ["value"] and self.spec.type in ("avro", "protobuf"):
             return table.column("value").combine_chunks()  # a key of one plain type
         if not table.num_columns:
-            return pa.array([{} if valid else None for valid in column.is_valid().to_pylist()], pa.struct([]))
+            return pa.array([{} if valid else None for valid in payloads.is_valid().to_pylist()], pa.struct([]))
         # A null key is a null struct, not a struct of nulls.
         return pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], fields=list(table.schema),
-                                          mask=column.is_null())
+                                          mask=payloads.is_null())
 
 
 def _utf8(column: pa.Array, errors: dict[int, str], prefix: str) -> pa.Array:

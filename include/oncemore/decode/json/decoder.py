@@ -53,6 +53,7 @@ import pyarrow.json as pajson
 
 from oncemore.core.ddl import check_json_types, field_path, to_ddl, types_within
 from oncemore.decode.decoder import DecodedValues
+from oncemore.decode.json.connect import Unwrapped
 from oncemore.decode.json.objects import not_json_objects
 from oncemore.decode.json.types import convert, parse_type
 
@@ -85,7 +86,8 @@ class JsonDecoder:
         # Spark ships decoders to its Python workers by pickling: rebuild there from the schema.
         return JsonDecoder, (self.schema,)
 
-    def decode(self, values: pa.Array) -> DecodedValues:
+    def decode(self, values: pa.Array, connect: Unwrapped | None = None) -> DecodedValues:
+        """``connect``: the values' JsonConverter schemas (connect.py), when they came wrapped."""
         values = values.cast(pa.binary())
         errors = not_json_objects(values)
         rows = np.flatnonzero(pc.is_valid(values).to_numpy(zero_copy_only=False))  # input index of each text
