@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import query
+from conftest import assert_exactly_once, query, read_coordinates
 from devtools.changefeed import (ChangeEvent, debezium_events, fold, produce, project, read_back, source_state,
                                  table_state)
 from oncemore.run.runner import run
@@ -151,7 +151,10 @@ def test_rows_through_jsonconverter_with_schemas_append_on_both_paths_and_upsert
     assert not fused.shapes_in_spark and shaped.shapes_in_spark
     for pipeline in (upserted, fused, shaped, unset):
         run(pipeline, spark_factory=lambda: spark)
-        assert accounted(pipeline) == len(records)
+    assert accounted(upserted) == len(records)
+    for pipeline in (fused, shaped, unset):  # appends: every record in the table or the quarantine, once
+        assert_exactly_once([c[1:] for c in read_coordinates(pipeline.sink.table_uri)
+                             + read_coordinates(pipeline.sink.quarantine_uri)], [(p, o) for _, p, o, _, _ in records])
 
     expected = fold(payloads(records), "none", ("id",), delete_when=lambda value: value["__deleted"] == "true")
     found = table_state(upserted.sink.table_uri, ("id",))
