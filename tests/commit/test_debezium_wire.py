@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import assert_exactly_once, query, read_coordinates
 from devtools.changefeed import (ChangeEvent, debezium_events, fold, produce, project, read_back, source_state,
                                  table_state)
@@ -179,3 +181,79 @@ def test_rows_through_jsonconverter_with_schemas_append_on_both_paths_and_upsert
     assert {reasons[c] for c in written} == {
         "value is Kafka Connect's JsonConverter wrapper {\"schema\": ..., \"payload\": ...} (the converter's "
         "schemas.enable=true): set format.schemas_enable: true to read its payload"}
+
+
+# Each connector's source block as it sends it: field types from its SourceInfoStructMaker
+# (debezium/debezium: Postgres, Oracle, SqlServer, Binlog (MySQL, MariaDB); yugabyte/
+# debezium-connector-yugabytedb: YugabyteDB), values shaped as its documentation's examples
+# (documentation/modules/ROOT/pages/connectors/<connector>.adoc, the create event's payload).
+def oracle_source(event: ChangeEvent) -> dict:
+    # txId is a string ("6.28.807", or hex), scn and commit_scn decimal text, ssn and redo_thread numbers.
+    return {"version": "2.7.0.Final", "connector": "oracle", "name": "server1", "ts_ms": 1520085154000, "snapshot": "false",
+            "db": "ORCLPDB1", "schema": "DEBEZIUM", "table": "ACCOUNTS", "txId": f"6.{event.lsn % 32}.{event.lsn % 997}",
+            "scn": str(event.lsn), "commit_scn": str(event.lsn + 3), "rs_id": "001234.00012345.0124", "ssn": 1,
+            "redo_thread": 1, "user_name": "DEBEZIUM"}
+
+
+def sqlserver_lsn(number: int) -> str:
+    # Lsn.toString: the 10 bytes in hex, a colon after the 4th and the 8th.
+    digits = f"{number:020x}"
+    return f"{digits[:8]}:{digits[8:16]}:{digits[16:]}"
+
+
+SQLSERVER_BASE = 0xF0000027 << 48  # a virtual log file number beyond what a BIGINT holds once shifted
+
+
+def sqlserver_source(event: ChangeEvent) -> dict:
+    return {"version": "2.7.0.Final", "connector": "sqlserver", "name": "server1", "ts_ms": 1559729468470,
+            "snapshot": "false", "db": "testDB", "schema": "dbo", "table": "accounts",
+            "change_lsn": sqlserver_lsn(SQLSERVER_BASE + event.lsn * 16 - 2),
+            "commit_lsn": sqlserver_lsn(SQLSERVER_BASE + event.lsn * 16), "event_serial_no": 1}
+
+
+def mysql_source(event: ChangeEvent) -> dict:
+    # pos restarts with every binlog file: a new file every 2,000 LSN units here.
+    file, pos = divmod(event.lsn, 2000)
+    return {"version": "2.7.0.Final", "connector": "mysql", "name": "mysql", "ts_ms": 1651535750218, "snapshot": "false",
+            "db": "inventory", "sequence": None, "table": "accounts", "server_id": 223344, "gtid": None,
+            "file": f"mysql-bin.{file:06d}", "pos": 4 + pos, "row": 0, "thread": 7, "query": None}
+
+
+def yugabyte_source(event: ChangeEvent) -> dict:
+    # txId and lsn are strings (OpId.toSerString: term:index:key:write_id:time), commit_time a number.
+    return {"version": "1.9.5.y.220.4", "connector": "yugabytedb", "name": "dbserver1", "ts_ms": 1680000000000,
+            "snapshot": "false", "db": "yugabyte", "schema": "public", "table": "accounts",
+            "txId": f"8f7b6a3c-52d1-4c6e-9a7d-{event.lsn:012x}", "lsn": f"1:{event.lsn}::0:{event.lsn * 1000}",
+            "commit_time": 1_700_000_000_000_000 + event.lsn, "record_time": 1_700_000_000_000_000 + event.lsn,
+            "tablet_id": "ad2ddc0ba0824d6a9c0d0e0f0a0b0c0d", "partition_id": ""}
+
+
+CONNECTORS = {
+    # connector: (its source block, sequence_by (None: offset order), the fold's order of an event)
+    "oracle, offset order": (oracle_source, None, None),
+    "oracle, by commit_scn": (oracle_source, "source.commit_scn", lambda v: int(v["source"]["commit_scn"])),
+    "sqlserver, by commit_lsn": (sqlserver_source, "source.commit_lsn",
+                                 lambda v: int(v["source"]["commit_lsn"].replace(":", ""), 16)),
+    "mysql, by file and pos": (mysql_source, "CAST(substring_index(source.file, '.', -1) AS DECIMAL(20,0)) * 4294967296 "
+                                             "+ source.pos",
+                               lambda v: int(v["source"]["file"].split(".")[-1]) * 2**32 + v["source"]["pos"]),
+    "yugabytedb, by commit_time": (yugabyte_source, "source.commit_time", lambda v: v["source"]["commit_time"]),
+}
+
+
+@pytest.mark.parametrize("connector", CONNECTORS)
+def test_each_connectors_source_block_decodes_and_orders_by_its_own_position(spark, broker, topic, make_pipeline,
+                                                                             connector):
+    source, sequence_by, order = CONNECTORS[connector]
+    # Sequenced: each event to any partition, some late (no tombstones: what one does there is the
+    # merge's rule, not the wire's); else each key in its own partition, in order.
+    events = [ChangeEvent(e.key, None if e.value is None else {**e.value, "source": source(e)}, e.lsn)
+              for e in debezium_events(keys=25, changes=200, seed=21, tombstones=sequence_by is None)]
+    produce(broker.bootstrap_servers, topic, events, "shuffled" if sequence_by else "key", seed=5)
+    pipeline = debezium(make_pipeline, topic, sequence_by=sequence_by)
+    run(pipeline, spark_factory=lambda: spark)
+
+    found = assert_folded(pipeline, broker, topic, sequence=order)
+    assert project(found, COLUMNS) == source_state(events)
+    assert quarantined(pipeline) == {}
+    assert accounted(pipeline) == len(read_back(broker.bootstrap_servers, topic))

@@ -391,6 +391,26 @@ def test_registry_urls_are_shown_without_their_user_info():
         "url": "https://***@registry:8081/x", "basic.auth.user.info": "***"}
 
 
+@pytest.mark.parametrize("sequence_by, problem", [
+    ("source.pos", "source.pos restarts with every binlog file (MySQL, MariaDB): order by the file and the position "
+                   "together, CAST(substring_index(source.file, '.', -1) AS DECIMAL(20,0)) * 4294967296 + source.pos"),
+    (" `source`.`POS` ", "source.pos restarts with every binlog file"),
+    ("source.txId", "source.txId is a transaction's id, not an order: Oracle's is hex"),
+    ("source.file", "source.file names a binlog file (MySQL, MariaDB), text"),
+    ("source.event_serial_no", "order by source.commit_lsn"),
+    ("source.ord", "order by CAST(source.ts_ms AS DECIMAL(38,0)) * 4294967296 + source.ord"),
+    ("source.sequence", "order by source.lsn"),
+])
+def test_a_debezium_source_field_that_is_no_order_is_refused_as_sequence_by_with_the_reason(tmp_path, sequence_by,
+                                                                                            problem):
+    doc = with_change("upsert", {"keys": ["id"], "envelope": "debezium", "sequence_by": sequence_by})
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc), ENV)
+    assert (error.value.key, problem in error.value.problem) == ("upsert.sequence_by", True), error.value
+    # Under envelope none the expression names the row's own columns: not Debezium's source block.
+    load_pipeline(write(tmp_path, with_change("upsert", {"keys": ["id"], "sequence_by": sequence_by})), ENV)
+
+
 @pytest.mark.parametrize("change,key,problem", [
     ({"sink": {"partition_by": ["customer"]}}, "sink.partition_by",
      "'customer' is not a key column: an upsert table is partitioned by key columns only"),

@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import deltalake
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -455,3 +456,136 @@ def test_a_key_through_jsonconverter_is_read_from_its_payload_and_a_wrapped_valu
         assert result.bad.column("error").to_pylist() == ([
             'value is Kafka Connect\'s JsonConverter wrapper {"schema": ..., "payload": ...} (the converter\'s '
             "schemas.enable=true): set format.schemas_enable: true to read its payload"] if refused else [])
+
+
+def unscaled(number: int, size: int | None = None) -> str:
+    """Base64 of ``number``'s big-endian two's-complement bytes: Connect's Decimal as JsonConverter
+    writes it (Java's BigInteger.toByteArray, minimal unless ``size`` is given)."""
+    import base64
+
+    size = size or max(1, (number + (number < 0)).bit_length() // 8 + 1)
+    return base64.b64encode(number.to_bytes(size, "big", signed=True)).decode()
+
+
+def debezium_decode(row_ddl: str, values: list, connect=None, wrapped: bool = False):
+    """Debezium envelopes around rows of ``row_ddl`` (``values``: the ``after`` rows), read as
+    resolve.py reads a json Debezium value; ``connect``: a JsonConverter schema for every value."""
+    from oncemore.decode.envelope import envelope_ddl, json_readings
+    from oncemore.decode.json.connect import Unwrapped
+
+    schema = parse_ddl(envelope_ddl(row_ddl))
+    decoder = JsonDecoder(schema, json_readings(schema, True, wrapped))
+    texts = pa.array([json.dumps({"op": "c", "after": row, "source": source}).encode() for row, source in values])
+    if connect is None:
+        return decoder.decode(texts)
+    return decoder.decode(texts, Unwrapped(texts, np.zeros(len(values), dtype=np.int64), [connect]))
+
+
+def test_debezium_source_fields_sent_as_numbers_or_text_are_read_from_either_as_text():
+    # PostgreSQL writes txId and lsn as INT64, Oracle's txId and YugabyteDB's txId and lsn are
+    # strings (their SourceInfoStructMaker classes); SQL Server's LSNs are hex text.
+    values = [({"id": 1}, {"txId": 555, "lsn": 24023128, "ts_ms": 1559033904863}),
+              ({"id": 2}, {"txId": "6.28.807", "scn": "2122185", "commit_scn": "2122185"}),
+              ({"id": 3}, {"txId": "02000a0037030000"}), ({"id": 4}, {"lsn": "1:23:abc:0:7000", "commit_time": 7}),
+              ({"id": 5}, {"lsn": 24023200, "txId": None}),
+              ({"id": 6}, {"commit_lsn": "00000027:00000758:0005", "change_lsn": "00000027:00000758:0003",
+                           "event_serial_no": 1}),
+              ({"id": 7}, {"file": "mysql-bin.000003", "pos": 570, "row": 0}), ({"id": 8}, {"txId": True})]
+    decoded = debezium_decode("id BIGINT", values)
+    sources = [{k: v for k, v in (row["source"] or {}).items() if v is not None} for row in decoded.table.to_pylist()]
+    assert sources[:7] == [{"txId": "555", "lsn": "24023128", "ts_ms": 1559033904863},
+                           {"txId": "6.28.807", "scn": "2122185", "commit_scn": "2122185"}, {"txId": "02000a0037030000"},
+                           {"lsn": "1:23:abc:0:7000", "commit_time": 7}, {"lsn": "24023200"},
+                           {"commit_lsn": "00000027:00000758:0005", "change_lsn": "00000027:00000758:0003",
+                            "event_serial_no": 1},
+                           {"file": "mysql-bin.000003", "pos": 570, "row": 0}]
+    assert decoded.errors == {7: "column 'source.txId': expected STRING (a JSON string or number), found a JSON boolean"}
+
+
+def test_debezium_precise_decimals_are_read_exactly_from_each_kind_and_never_guessed():
+    # decimal.handling.mode=precise through JsonConverter (decimal.format=BASE64): base64 of the
+    # unscaled value at the column's scale; a VariableScaleDecimal {"scale", "value"}; with
+    # decimal.handling.mode=double, or decimal.format=NUMERIC, a JSON number.
+    rows = [{"id": 1, "d": unscaled(1234)}, {"id": 2, "d": unscaled(-5)}, {"id": 3, "d": unscaled(-5, 20)},
+            {"id": 4, "d": {"scale": 3, "value": unscaled(12340)}}, {"id": 5, "d": 7.25},
+            # "1234" is base64 (bytes d7 6d f8) and a number: under Debezium's envelope a string is
+            # base64, so it is -2658824 unscaled, never the number 1234.
+            {"id": 6, "d": "1234"}, {"id": 7, "d": None},
+            {"id": 8, "d": "12.34"}, {"id": 9, "d": {"scale": 3, "value": unscaled(12345)}}, {"id": 10, "d": ""},
+            {"id": 11, "d": unscaled(10**10)}, {"id": 12, "d": unscaled(1, 17)},  # sign bytes before it: 0.01
+            {"id": 13, "d": {"scale": 2}},
+            {"id": 14, "d": unscaled(1, 17).replace("A", "/", 1)}, {"id": 15, "d": 1.234}]
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [(row, {}) for row in rows])
+    found = [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()]
+    assert found[:7] == [Decimal("12.34"), Decimal("-0.05"), Decimal("-0.05"), Decimal("12.34"), Decimal("7.25"),
+                         Decimal("-26588.24"), None]
+    assert found[11] == Decimal("0.01")
+    assert decoded.errors == {
+        7: "column 'after.d': '12.34' is not base64 (Debezium's precise decimal: the unscaled value's bytes; for "
+           "decimal.handling.mode=string declare the column STRING)",
+        8: "column 'after.d': 12.345 does not fit DECIMAL(10,2)",
+        9: "column 'after.d': an empty unscaled value is no decimal",
+        10: "column 'after.d': 100000000.00 does not fit DECIMAL(10,2)",
+        12: "column 'after.d': a VariableScaleDecimal needs both its scale and its value",
+        13: "column 'after.d': an unscaled value of 17 bytes does not fit DECIMAL(10,2)",
+        14: "column 'after.d': 1.234 does not fit DECIMAL(10,2)"}
+
+
+def test_a_decimal_leaf_parsed_as_numbers_never_takes_numeric_text_for_one():
+    # Arrow's reader takes "1234" into a decimal column as 1234: once a leaf reads numbers, each
+    # block is checked to hold numbers there, and a string switches it back.
+    from oncemore.decode.envelope import envelope_ddl, json_readings
+
+    schema = parse_ddl(envelope_ddl("d DECIMAL(10,2)"))
+    decoder = JsonDecoder(schema, json_readings(schema, True, False))
+
+    def read(values):
+        texts = pa.array([json.dumps({"op": "c", "after": {"d": value}}).encode() for value in values])
+        decoded = decoder.decode(texts)
+        return [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()], decoded.errors
+
+    assert read([12.5, 3]) == ([Decimal("12.50"), Decimal("3.00")], {})
+    assert read(["1234", 7.25, unscaled(1), {"scale": 0, "value": unscaled(2)}]) == (
+        [Decimal("-26588.24"), Decimal("7.25"), Decimal("0.01"), Decimal("2.00")], {})
+    assert read([9]) == ([Decimal("9.00")], {})
+
+
+def test_a_jsonconverter_schema_says_each_records_decimal_scale_or_that_the_column_is_text():
+    # JsonConverter writes a Connect Decimal's schema with its scale as a string parameter
+    # (org.apache.kafka.connect.data.Decimal, parameters {"scale": "3", "connect.decimal.precision": "12"});
+    # decimal.handling.mode=string makes the column a string.
+    def connect(column: dict) -> dict:
+        row = {"type": "struct", "fields": [{"type": "int64", "optional": False, "field": "id"}, {**column, "field": "d"}],
+               "optional": True, "name": "shop.public.t.Value"}
+        return {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}],
+                "optional": False, "name": "shop.public.t.Envelope"}
+
+    scale_3 = connect({"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+                       "parameters": {"scale": "3", "connect.decimal.precision": "12"}})
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": unscaled(12340)}, {}),
+                                                            ({"id": 2, "d": unscaled(12345)}, {})], scale_3, True)
+    assert [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()] == [Decimal("12.34"), None]
+    assert decoded.errors == {1: "column 'after.d': 12.345 does not fit DECIMAL(10,2)"}
+    as_text = connect({"type": "string", "optional": True})
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": "1234"}, {}), ({"id": 2, "d": "x"}, {})],
+                              as_text, True)
+    assert [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()] == [Decimal("1234.00"), None]
+    assert decoded.errors == {1: "column 'after.d': 'x' is not a number that fits DECIMAL(10,2) (the record's schema "
+                                 "says the column is a string)"}
+    no_scale = connect({"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal"})
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": unscaled(1)}, {})], no_scale, True)
+    assert decoded.errors == {0: "column 'after.d': its Connect schema names a org.apache.kafka.connect.data.Decimal "
+                                 "without a scale parameter, so the value's scale is unknown"}
+
+
+def test_debezium_decimals_inside_arrays_and_maps_read_as_at_the_top():
+    # A schema with a MAP reads each value through Python's json first (rewrite.py): a
+    # VariableScaleDecimal object stays the object it is there.
+    decoded = debezium_decode("id BIGINT, m MAP<STRING, DECIMAL(5,1)>, a ARRAY<DECIMAL(5,1)>", [
+        ({"id": 1, "m": {"x": unscaled(15), "y": None}, "a": [unscaled(-3), None]}, {}),
+        ({"id": 2, "m": {"x": {"scale": 2, "value": unscaled(250)}}, "a": [{"scale": 0, "value": unscaled(7)}]}, {}),
+        ({"id": 3, "m": {"x": unscaled(10**5)}}, {})])
+    assert [row["after"] and (row["after"]["m"], row["after"]["a"]) for row in decoded.table.to_pylist()] == [
+        ([("x", Decimal("1.5")), ("y", None)], [Decimal("-0.3"), None]),
+        ([("x", Decimal("2.5"))], [Decimal("7.0")]), None]
+    assert decoded.errors == {2: "column 'after.m{}': 10000.0 does not fit DECIMAL(5,1)"}

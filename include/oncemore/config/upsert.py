@@ -3,6 +3,7 @@ checked against the rest of the pipeline as the file loads."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
@@ -12,6 +13,27 @@ from oncemore.core.columns import key_type_ok
 
 if TYPE_CHECKING:
     from oncemore.config.model import Format
+
+
+# Debezium source fields that are no order of a key's changes, refused as upsert.sequence_by by themselves.
+_FILE_AND_POSITION = ("CAST(substring_index(source.file, '.', -1) AS DECIMAL(20,0)) * 4294967296 + source.pos "
+                      "(a binlog position is below 2^32), or leave sequence_by out: Kafka's offset order")
+NOT_AN_ORDER = {
+    "pos": "restarts with every binlog file (MySQL, MariaDB): order by the file and the position together, "
+           + _FILE_AND_POSITION,
+    "file": "names a binlog file (MySQL, MariaDB), text: order by the file and the position together, " + _FILE_AND_POSITION,
+    "row": "counts rows within one binlog event (MySQL, MariaDB) and restarts with each: order by the file and the "
+           "position together, " + _FILE_AND_POSITION,
+    "txId": "is a transaction's id, not an order: Oracle's is hex, PostgreSQL's is given at a transaction's first "
+            "write, not at its commit (order by source.lsn)",
+    "gtid": "is text, a server's UUID and that server's counter (MySQL, MariaDB): no order across servers",
+    "event_serial_no": "counts the events of one change (SQL Server, Db2) and restarts with each: order by "
+                       "source.commit_lsn",
+    "ord": "counts the operations of one second (MongoDB) and restarts every second: order by "
+           "CAST(source.ts_ms AS DECIMAL(38,0)) * 4294967296 + source.ord",
+    "sequence": "is text (PostgreSQL's [last commit LSN, LSN] as a JSON array): order by source.lsn",
+    "vgtid": "is text, each Vitess shard's position: no order across shards",
+}
 
 
 class Upsert(BaseModel):
@@ -49,6 +71,10 @@ class Upsert(BaseModel):
             raise key_problem("keys", "names a column twice")
         if self.delete_when is not None and self.envelope == "debezium":
             raise key_problem("delete_when", "applies to envelope none (Debezium's op says what is a delete)")
+        named = re.fullmatch(r"\s*`?source`?\s*\.\s*`?(\w+)`?\s*", self.sequence_by or "")
+        if self.envelope == "debezium" and named and named.group(1).lower() in {k.lower() for k in NOT_AN_ORDER}:
+            field = next(k for k in NOT_AN_ORDER if k.lower() == named.group(1).lower())
+            raise key_problem("sequence_by", f"source.{field} {NOT_AN_ORDER[field]}")
         return self
 
     def check_fits(self, fmt: "Format", partition_by: tuple[str, ...], shapes: bool) -> None:

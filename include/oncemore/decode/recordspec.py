@@ -25,6 +25,7 @@ class FormatSpec:
     message: str | None = None
     framed: bool = False
     schemas_enable: bool = False
+    envelope: str | None = None  # json: "debezium" when the value is Debezium's envelope around ``ddl``'s row
     refused: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod

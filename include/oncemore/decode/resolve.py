@@ -63,7 +63,7 @@ def resolve(pipeline: Pipeline, topics: list[str]) -> RecordSpec:
         key_spec = _resolve(pipeline, key, "key", topics, key_registry) if key is not None else None
     value = _resolve(pipeline, pipeline.format, "value", topics, value_registry)
     if pipeline.upsert is not None and pipeline.upsert.envelope == "debezium" and value.type == "json":
-        value = replace(value, ddl=envelope_ddl(value.ddl))
+        value = replace(value, ddl=envelope_ddl(value.ddl), envelope="debezium")
     return RecordSpec(value, key_spec, pipeline.headers, changes=pipeline.upsert is not None)
 
 

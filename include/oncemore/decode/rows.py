@@ -209,9 +209,11 @@ def format_decoder(spec: FormatSpec, registry_settings: Mapping[str, str] | None
     text). Each format's module is imported only here, where that format is read: a Python worker
     decoding JSON never imports the registry client."""
     if spec.type == "json":
+        from oncemore.decode.envelope import json_readings
         from oncemore.decode.json.decoder import JsonDecoder
 
-        return JsonDecoder(parse_ddl(spec.ddl))
+        schema = parse_ddl(spec.ddl)
+        return JsonDecoder(schema, json_readings(schema, spec.envelope == "debezium", spec.schemas_enable))
     if spec.type not in ("avro", "protobuf"):
         return None
     from confluent_kafka.schema_registry import Schema

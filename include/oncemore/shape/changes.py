@@ -8,7 +8,8 @@ read; a record that cannot be applied (an unknown op, a create without ``after``
 a NULL sequence) carries its reason, and the sink quarantines it with its bytes, never drops it. A tombstone's key columns come from the Kafka
 key; so do a Debezium delete's where ``before`` lacks them. The sequence is
 ``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL,
-hence quarantined with its reason).
+hence quarantined with its reason); a Debezium field known to be text of a number written
+otherwise (a SQL Server or Db2 LSN in hex) becomes that number first (decode/envelope.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from oncemore.core.columns import (
     key_type_ok,
 )
 from oncemore.core.errors import OncemoreError
+from oncemore.decode.envelope import sequence_number
 
 
 class UpsertRefused(OncemoreError):
@@ -126,7 +128,8 @@ def change_rows(records, pipeline: Pipeline):
     for key in keys:
         invalid.append((f"{applies} AND ({values[key.name]}) IS NULL", f"'key column {_sql_text(key.name)} is NULL'"))
     if sequenced:
-        sequence = f"try_cast(({upsert.sequence_by}) AS DECIMAL(38,6))"
+        ordered = sequence_number(upsert.sequence_by) if upsert.envelope == "debezium" else upsert.sequence_by
+        sequence = f"try_cast(({ordered}) AS DECIMAL(38,6))"
         columns.append(f"{sequence} AS {SEQUENCE_COLUMN}")
         inexact = _inexact(records, upsert.sequence_by, sequence)
         if inexact is not None:  # before the NULL test: an overflow is NULL too

@@ -163,3 +163,19 @@ def _split(value: bytes) -> tuple[bytes | None, dict | None]:
 def _expected(found: str) -> str:
     return (f"{found}: schemas_enable expects Kafka Connect's JsonConverter wrapper, one object with exactly the keys "
             '"schema" and "payload"')
+
+
+def field_schema(schema: dict | None, reader: tuple[str, ...]) -> dict | None:
+    """The Connect schema of the leaf at ``reader`` (field names, ``"[]"`` for an array's elements,
+    ``("[]", "value")`` for a map's values) in a record of ``schema``; None where it says nothing."""
+    for step in reader:
+        if not isinstance(schema, dict):
+            return None
+        if step == "[]":
+            if schema.get("type") == "map":  # the entries' "value" follows
+                schema = {"fields": [{**(schema.get("values") or {}), "field": "value"}]}
+            else:
+                schema = schema.get("items")
+        else:
+            schema = next((f for f in schema.get("fields") or () if isinstance(f, dict) and f.get("field") == step), None)
+    return schema if isinstance(schema, dict) else None

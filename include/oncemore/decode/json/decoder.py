@@ -27,8 +27,15 @@ depth. A batch the reader refuses is bisected, and a parse error naming its row 
 alone first, so a few bad values cost a few extra parses. The reader's messages name a path or only a
 type; for the latter the field is found by parsing the value alone without each candidate field. If
 the schema has a MAP, each value first goes through Python's json module, which rewrites map objects
-as entry lists: per-value Python work, the price of MAP columns (here ~100k values/s against
-500-800k for a schema without one).
+as entry lists (rewrite.py): per-value Python work, the price of MAP columns (here ~100k values/s
+against 500-800k for a schema without one).
+
+Leaves a writer sends as more than one JSON kind (``readings``: Debezium's source fields, its
+decimals; json/readings.py, decode/envelope.py) are parsed as one kind at a time, the one the reader
+last found there: when it finds another, it says so ("changed from string to number") and the block
+is read again with that leaf switched, once per leaf; a block holding both kinds is bisected as any
+refused block is. A kind whose parse type also takes another (a decimal takes numeric text) is
+checked first by reading the block with the leaf as a double, which takes numbers only.
 
 Alignment: a value that does not start with '{' and end with '}' (whitespace aside) is refused
 before parsing, and a raw newline inside a value reaches the reader as a carriage return (JSON
@@ -42,9 +49,9 @@ read as one object, and a later '{}{}' as two: the count comes out right, every 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections import Counter
+from functools import partial
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +62,9 @@ from oncemore.core.ddl import check_json_types, field_path, to_ddl, types_within
 from oncemore.decode.decoder import DecodedValues
 from oncemore.decode.json.connect import Unwrapped
 from oncemore.decode.json.objects import not_json_objects
+from oncemore.decode.json.readings import (DecimalReading, Reading, at_leaves, canonical, canonical_type,
+                                           decimal_meanings, only)
+from oncemore.decode.json.rewrite import Refused, Rewriter
 from oncemore.decode.json.types import convert, parse_type
 
 _CHANGED = re.compile(r"Column\((.*)\) changed from \S+ to (\S+) in row")
@@ -68,23 +78,36 @@ _TOO_BIG = "Number too big to be stored in double"
 
 
 class JsonDecoder:
-    """Decodes JSON values into ``schema`` (see the module docstring)."""
+    """Decodes JSON values into ``schema`` (see the module docstring). ``readings``: the leaves read
+    from more than one JSON kind (json/readings.py), by reader path (``("source", "lsn")``)."""
 
-    def __init__(self, schema: pa.Schema):
+    def __init__(self, schema: pa.Schema, readings: Mapping[tuple[str, ...], Reading] | None = None):
         check_json_types(schema)
         self.schema = schema
+        self._readings = dict(readings or {})
         self._declared = pa.struct(list(schema))
-        self._parse_type = parse_type(self._declared)
+        self._base_type = parse_type(self._declared)
+        # The kind each leaf of ``readings`` is parsed as now: switched when the reader finds another.
+        self._kinds = {reader: next(iter(reading.kinds)) for reader, reading in self._readings.items()}
+        self._canonical_type = at_leaves(self._base_type, {r: canonical_type(x) for r, x in self._readings.items()})
+        self._flexible = {"/" + "/".join(reader): reader for reader in self._readings}
         self._has_map = any(pa.types.is_map(kind) for _, kind in types_within(self._declared, ""))
-        self._rewrite = _rewriter(self._declared, "")
-        # Every field, ARRAY element and MAP value, keyed as Arrow's messages name it ("/customer/address/zip"):
-        # (its reader path, its path, declared type, parse type).
-        self._nodes = {"/" + "/".join(reader): (reader, path, declared, parsed)
-                       for reader, path, declared, parsed in _nodes(self._declared, self._parse_type, (), "")}
+        self._rewriter = Rewriter(self._declared, self._readings)
 
     def __reduce__(self):
         # Spark ships decoders to its Python workers by pickling: rebuild there from the schema.
-        return JsonDecoder, (self.schema,)
+        return JsonDecoder, (self.schema, self._readings)
+
+    @property
+    def _parse_type(self) -> pa.StructType:
+        """What the reader is asked to read now: each flexible leaf as the kind it is parsed as."""
+        return at_leaves(self._base_type, {r: self._readings[r].kinds[k] for r, k in self._kinds.items()})
+
+    def _nodes(self) -> dict[str, tuple]:
+        """Every field, ARRAY element and MAP value, keyed as Arrow's messages name it
+        ("/customer/address/zip"): (its reader path, its path, declared type, parse type now)."""
+        return {"/" + "/".join(reader): (reader, path, declared, parsed)
+                for reader, path, declared, parsed in _nodes(self._declared, self._parse_type, (), "")}
 
     def decode(self, values: pa.Array, connect: Unwrapped | None = None) -> DecodedValues:
         """``connect``: the values' JsonConverter schemas (connect.py), when they came wrapped."""
@@ -102,8 +125,8 @@ class JsonDecoder:
             self._parse(texts, 0, len(texts), pieces, refused)
         rows = _refuse(rows, refused, errors)
         chunks = [chunk for table in pieces for chunk in table.to_struct_array().chunks]
-        parsed = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks or [pa.array([], self._parse_type)])
-        converted, failures = convert(parsed, self._declared)
+        parsed = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks or [pa.array([], self._canonical_type)])
+        converted, failures = convert(parsed, self._declared, self._converters(connect, rows))
         if len(rows) < len(values) or failures:
             # Inputs without a row (null, refused, failed) get a null row; the others keep theirs, in order.
             at = np.full(len(values), -1)
@@ -120,7 +143,7 @@ class JsonDecoder:
         (a parse error does), that row is taken out alone first."""
         while start < stop:
             try:
-                pieces.append(self._read(texts.slice(start, stop - start)))
+                pieces.append(self._read_now(texts.slice(start, stop - start)))
                 return
             except (pa.ArrowInvalid, _NotOneObject) as exc:
                 if stop - start == 1:
@@ -142,16 +165,51 @@ class JsonDecoder:
             # Arrow's reader refuses a number beyond a double's range anywhere, even in a field it would
             # ignore: without its undeclared fields the value may read, and a declared one gets named.
             try:
-                text = self._map_entries(text.decode()).encode()
-            except _Refused as refusal:
+                text = self._rewriter.text(text.decode()).encode()
+            except Refused as refusal:
                 refused[position] = str(refusal)
                 return
             try:
-                pieces.append(self._read(pa.array([text], pa.binary())))
+                pieces.append(self._read_now(pa.array([text], pa.binary())))
                 return
             except (pa.ArrowInvalid, _NotOneObject) as again:
                 exc = again
         refused[position] = self._message(text, exc)
+
+    def _read_now(self, texts: pa.Array) -> pa.Table:
+        """``texts`` read with each flexible leaf as the kind it is parsed as now, switched to the
+        kind the reader names when it finds another there (each leaf once: a block holding both
+        raises, and is bisected), the leaves held as their canonical type. A leaf whose parse type
+        takes another kind too (a decimal takes numeric text) is checked to hold its kind only."""
+        switched: set[tuple[str, ...]] = set()
+        while True:
+            try:
+                guarded = {r: pa.float64() for r, k in self._kinds.items() if k in self._readings[r].guarded}
+                if guarded:  # first: a float64 takes numbers only, and a string there makes the reader say so
+                    self._read(texts, only(self._base_type, guarded))
+                table = self._read(texts)
+                if not self._readings:
+                    return table
+                return pa.Table.from_struct_array(canonical(table.to_struct_array().combine_chunks(), self._readings,
+                                                            self._kinds))
+            except pa.ArrowInvalid as exc:
+                changed = _CHANGED.search(str(exc))
+                reader = self._flexible.get(changed.group(1)) if changed else None
+                if reader is None or reader in switched or changed.group(2) not in self._readings[reader].kinds:
+                    raise
+                switched.add(reader)
+                self._kinds[reader] = changed.group(2)
+
+    def _converters(self, connect: Unwrapped | None, rows: np.ndarray) -> dict:
+        """convert()'s functions for the flexible leaves, for the parsed rows (input indices ``rows``):
+        what a string of a decimal leaf is, per record, from its JsonConverter schema if it has one."""
+        converters = {}
+        for reader, reading in self._readings.items():
+            meanings = None
+            if connect is not None and isinstance(reading, DecimalReading):
+                meanings = decimal_meanings(reading, connect.schemas, reader)[connect.schema_index[rows]]
+            converters[reader] = partial(reading.convert, meanings=meanings)
+        return converters
 
     def _read(self, texts: pa.Array, parse_type: pa.StructType | None = None) -> pa.Table:
         text = _one_per_line(texts)
@@ -171,17 +229,22 @@ class JsonDecoder:
         if isinstance(exc, _NotOneObject):
             return reason
         changed = _CHANGED.search(reason)
+        nodes = self._nodes()
+        if changed and changed.group(1) not in nodes:  # inside a flexible leaf's object (a decimal's scale)
+            return f"column {changed.group(1).strip('/').replace('/', '.')!r}: found a JSON {changed.group(2)}"
         if changed:
-            _, path, declared, parsed = self._nodes[changed.group(1)]
+            _, path, declared, parsed = nodes[changed.group(1)]
             found = changed.group(2)
             why = ""
-            if pa.types.is_string(parsed) and not pa.types.is_string(declared):
+            if changed.group(1) in self._flexible:
+                why = f" (a JSON {' or '.join(self._readings[self._flexible[changed.group(1)]].kinds)})"
+            elif pa.types.is_string(parsed) and not pa.types.is_string(declared):
                 why = (" (base64 text)" if pa.types.is_binary(declared)
                        else " (ISO-8601 text; a number's unit would be a guess)")
             return f"column {path!r}: expected {to_ddl(declared)}{why}, found a JSON {found}"
         twice = _TWICE.search(reason)
-        if twice:
-            return f"column {self._nodes[twice.group(1)][1]!r}: the key appears twice in one JSON object"
+        if twice and twice.group(1) in nodes:
+            return f"column {nodes[twice.group(1)][1]!r}: the key appears twice in one JSON object"
         for pattern in _UNFIT:
             unfit = pattern.search(reason)
             if unfit:
@@ -194,7 +257,7 @@ class JsonDecoder:
     def _culprit(self, text: bytes, type_name: str, reason: str) -> tuple | None:
         """The leaf of Arrow type ``type_name`` that made the reader refuse ``text`` with ``reason``:
         the one whose removal from the parse type makes it read, or refuse for another reason."""
-        candidates = [node for node in self._nodes.values()
+        candidates = [node for node in self._nodes().values()
                       if str(node[3]) == type_name or (type_name == "decimal128" and pa.types.is_decimal(node[3]))]
         if len(candidates) == 1:
             return candidates[0]
@@ -211,40 +274,13 @@ class JsonDecoder:
         rewritten, refused = [], {}
         for position, text in enumerate(texts.cast(pa.string()).to_pylist()):
             try:
-                rewritten.append(self._map_entries(text))
-            except _Refused as refusal:
+                rewritten.append(self._rewriter.text(text))
+            except Refused as refusal:
                 refused[position] = str(refusal)
         return pa.array(rewritten, pa.string()).cast(pa.binary()), refused
 
-    def _map_entries(self, text: str) -> str:
-        """``text`` as the parse type reads it (see _rewriter)."""
-        try:
-            return self._rewrite(_LOADER.decode(text))
-        except json.JSONDecodeError as exc:
-            raise _Refused(f"invalid JSON: {exc.msg} at character {exc.pos + 1}") from None
-        except RecursionError:
-            raise _Refused("invalid JSON: nested too deeply") from None
-
-
 class _NotOneObject(ValueError):
     pass
-
-
-class _Refused(ValueError):
-    """A value the map rewrite refuses; the message names the path."""
-
-
-class _Number(str):
-    """A JSON number as written (NaN and Infinity too)."""
-
-
-class _Object(list):
-    """A JSON object's (key, value) pairs, in order, duplicates kept."""
-
-
-# Python's json module, keeping what the rewrite needs: numbers as written, objects' keys in order.
-_LOADER = json.JSONDecoder(object_pairs_hook=_Object, parse_int=_Number, parse_float=_Number, parse_constant=_Number)
-_quote = json.encoder.encode_basestring_ascii
 
 
 def _refuse(rows: np.ndarray, refused: dict[int, str], errors: dict[int, str]) -> np.ndarray:
@@ -297,59 +333,3 @@ def _without(kind: pa.DataType, reader: tuple[str, ...]) -> pa.DataType:
         elif any(part != "[]" for part in rest):
             fields.append(field.with_type(_without(field.type, rest)))
     return pa.struct(fields)
-
-
-def _rewriter(kind: pa.DataType, path: str):
-    """A function giving a value from _LOADER as JSON text for the parse type of ``kind``: MAP objects
-    as lists of {"key", "value"} objects, undeclared fields left out, numbers as written. A value of
-    another kind than declared becomes an empty one of its own kind, which the reader refuses at its
-    path; a JSON array for a MAP is refused here (the reader would take it for entries)."""
-    if pa.types.is_struct(kind):
-        fields = {f.name: (_quote(f.name) + ":", _rewriter(f.type, field_path(path, f.name))) for f in kind}
-
-        def struct_text(pairs: _Object) -> str:
-            return "{" + ",".join([fields[key][0] + fields[key][1](item) for key, item in pairs if key in fields]) + "}"
-
-        return _rewrite_any(kind, path, _Object, struct_text)
-    if pa.types.is_map(kind):
-        item_text = _rewriter(kind.item_type, path + "{}")
-
-        def entries_text(pairs: _Object) -> str:
-            if len({key for key, _ in pairs}) < len(pairs):
-                twice = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
-                raise _Refused(f"column {path!r}: key {twice[:64]!r} appears twice (Spark refuses duplicate map keys)")
-            return "[" + ",".join(['{"key":' + _quote(key) + ',"value":' + item_text(item) + "}"
-                                   for key, item in pairs]) + "]"
-
-        return _rewrite_any(kind, path, _Object, entries_text)
-    if pa.types.is_list(kind):
-        element_text = _rewriter(kind.value_type, path + "[]")
-
-        def list_text(elements: list) -> str:
-            return "[" + ",".join([element_text(element) for element in elements]) + "]"
-
-        return _rewrite_any(kind, path, list, list_text)
-    return _rewrite_any(kind, path, None, None)
-
-
-def _rewrite_any(kind: pa.DataType, path: str, container: type | None, container_text):
-    """_rewriter's function for ``kind``, given how it writes the JSON container ``kind`` is read from."""
-
-    def rewrite(value) -> str:
-        if type(value) is str:
-            return _quote(value)
-        if type(value) is _Number:
-            if value[-1].isdigit() and math.isinf(float(value)):
-                raise _Refused(f"column {path!r}: {value[:64]} does not fit {to_ddl(kind)}")
-            return value
-        if type(value) is container:
-            return container_text(value)
-        if value is None or value is True or value is False:
-            return json.dumps(value)
-        if type(value) is list and pa.types.is_map(kind):
-            raise _Refused(f"column {path!r}: expected {to_ddl(kind)}, found a JSON array")
-        return "{}" if type(value) is _Object else "[]"
-
-    return rewrite
-
-

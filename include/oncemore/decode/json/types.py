@@ -17,6 +17,7 @@ naming the path (ddl.py's notation) and quoting at most 64 characters of the val
 from __future__ import annotations
 
 import decimal
+from typing import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -47,14 +48,19 @@ def parse_type(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def convert(parsed: pa.StructArray, declared: pa.StructType) -> tuple[pa.StructArray, dict[int, str]]:
+def convert(parsed: pa.StructArray, declared: pa.StructType,
+            readings: Mapping[tuple[str, ...], Callable] | None = None) -> tuple[pa.StructArray, dict[int, str]]:
     """Rows of parse type ``parse_type(declared)`` as ``declared``, and by row why one cannot be (its
-    slots then hold whatever converted: the caller must not store that row)."""
+    slots then hold whatever converted: the caller must not store that row). ``readings``: the
+    leaves read from several JSON kinds (json/readings.py), by reader path (``("after", "balance")``,
+    ``"[]"`` for list elements), each a function (its slots, each slot's row, its path) -> (the
+    leaf as declared, the reason by slot for those that cannot be)."""
     failures: dict[int, str] = {}
-    return _convert(parsed, declared, "", lambda slots: slots, failures), failures
+    return _convert(parsed, declared, "", (), lambda slots: slots, failures, readings or {}), failures
 
 
-def _convert(parsed: pa.Array, declared: pa.DataType, path: str, owner, failures: dict[int, str]) -> pa.Array:
+def _convert(parsed: pa.Array, declared: pa.DataType, path: str, reader: tuple[str, ...], owner,
+             failures: dict[int, str], readings: Mapping[tuple[str, ...], Callable]) -> pa.Array:
     """``parsed`` (of the parse type) as ``declared``. A slot that cannot be gives the reason to
     ``failures`` under its owner, the top-level row holding it (``owner`` maps slots to rows)."""
 
@@ -62,12 +68,17 @@ def _convert(parsed: pa.Array, declared: pa.DataType, path: str, owner, failures
         for slot, row in zip(slots, owner(np.asarray(slots, dtype=np.int64))):
             failures.setdefault(int(row), reason(int(slot)))
 
+    if reader in readings:
+        converted, bad = readings[reader](parsed, owner(np.arange(len(parsed), dtype=np.int64)), path)
+        fail(sorted(bad), lambda slot: bad[slot])
+        return converted
     mask = parsed.is_null() if parsed.null_count else None
     if pa.types.is_struct(declared):
         children = []
         for index, field in enumerate(declared):
             child_path = field_path(path, field.name)
-            child = _convert(parsed.field(index), field.type, child_path, owner, failures)
+            child = _convert(parsed.field(index), field.type, child_path, (*reader, field.name), owner, failures,
+                             readings)
             if not field.nullable and child.null_count:
                 missing = pc.and_(child.is_null(), parsed.is_valid())
                 fail(_indices(missing), lambda _: f"column {child_path!r} is declared NOT NULL but is missing or null")
@@ -82,9 +93,10 @@ def _convert(parsed: pa.Array, declared: pa.DataType, path: str, owner, failures
             return owner(np.searchsorted(offsets, slots + offsets[0], side="right") - 1)
 
         if pa.types.is_list(declared):
-            elements = _convert(items, declared.value_type, path + "[]", item_owner, failures)
+            elements = _convert(items, declared.value_type, path + "[]", (*reader, "[]"), item_owner, failures, readings)
             return pa.ListArray.from_arrays(rebased, elements, type=declared, mask=mask)
-        values = _convert(items.field(1), declared.item_type, path + "{}", item_owner, failures)
+        values = _convert(items.field(1), declared.item_type, path + "{}", (*reader, "[]", "value"), item_owner,
+                          failures, readings)
         return pa.MapArray.from_arrays(rebased, items.field(0), values, type=declared, mask=mask)
     if pa.types.is_date32(declared) or pa.types.is_timestamp(declared):
         converted, bad = _temporal(parsed, declared)
@@ -92,7 +104,7 @@ def _convert(parsed: pa.Array, declared: pa.DataType, path: str, owner, failures
                                "(ISO-8601, years 1 to 9999)")
         return converted
     if pa.types.is_binary(declared):
-        converted, bad = _from_base64(parsed)
+        converted, bad = from_base64(parsed)
         fail(bad, lambda slot: f"column {path!r}: {parsed[slot].as_py()[:64]!r} is not base64 "
                                "(BINARY is read from base64 text, as Spark does)")
         return converted
@@ -102,7 +114,7 @@ def _convert(parsed: pa.Array, declared: pa.DataType, path: str, owner, failures
              lambda slot: f"column {path!r}: {parsed[slot].as_py()} is beyond FLOAT's range")
         return converted
     if pa.types.is_decimal(declared):
-        fail(_beyond_precision(parsed, declared),
+        fail(beyond_precision(parsed, declared),
              lambda slot: f"column {path!r}: {parsed[slot].as_py()} does not fit {to_ddl(declared)}")
     return parsed
 
@@ -111,7 +123,7 @@ def _indices(mask: pa.Array) -> np.ndarray:
     return pc.indices_nonzero(pc.fill_null(mask, False)).to_numpy()
 
 
-def _beyond_precision(values: pa.Array, kind: pa.Decimal128Type) -> np.ndarray:
+def beyond_precision(values: pa.Array, kind: pa.Decimal128Type) -> np.ndarray:
     """Slots holding more integer digits than ``kind`` allows. Arrow's JSON reader checks the digits as
     written, then rescales: 1234.5 becomes 1234.50 in a DECIMAL(5,2), and a 37-digit integer becomes a
     39-digit value in a DECIMAL(38,2); no reader of the table could read them back."""
@@ -124,12 +136,12 @@ def _temporal(text: pa.StringArray, kind: pa.DataType) -> tuple[pa.Array, np.nda
     """ISO-8601 text as a date or timestamp of years 1 to 9999, and the slots that are not."""
     if pa.types.is_timestamp(kind) and kind.tz is not None:
         zoned = pc.match_substring_regex(text, _ZONED)
-        instants, bad_zoned = _cast_each(pc.if_else(zoned, text, None), kind)
+        instants, bad_zoned = cast_each(pc.if_else(zoned, text, None), kind)
         # No zone: UTC, the session time zone oncemore gives Spark.
-        naive, bad_naive = _cast_each(pc.if_else(zoned, None, text), pa.timestamp(kind.unit))
+        naive, bad_naive = cast_each(pc.if_else(zoned, None, text), pa.timestamp(kind.unit))
         values, bad = pc.if_else(zoned, instants, naive.cast(kind)), bad_zoned + bad_naive
     else:
-        values, bad = _cast_each(text, kind)
+        values, bad = cast_each(text, kind)
     storage = pa.int32() if pa.types.is_date32(kind) else pa.int64()
     low, high = _YEARS_1_TO_9999[storage]
     numbers = values.cast(storage)
@@ -137,7 +149,7 @@ def _temporal(text: pa.StringArray, kind: pa.DataType) -> tuple[pa.Array, np.nda
     return values, np.union1d(np.asarray(bad, dtype=np.int64), outside)
 
 
-def _cast_each(values: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
+def cast_each(values: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
     """``values`` cast to ``kind``, the slots that do not cast left null: the whole array at once, or
     by halves around the ones that fail."""
     try:
@@ -146,12 +158,12 @@ def _cast_each(values: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]
         if len(values) == 1:
             return pa.nulls(1, kind), [0]
     middle = len(values) // 2
-    left, bad_left = _cast_each(values.slice(0, middle), kind)
-    right, bad_right = _cast_each(values.slice(middle), kind)
+    left, bad_left = cast_each(values.slice(0, middle), kind)
+    right, bad_right = cast_each(values.slice(middle), kind)
     return pa.concat_arrays([left, right]), bad_left + [middle + slot for slot in bad_right]
 
 
-def _from_base64(text: pa.StringArray) -> tuple[pa.BinaryArray, np.ndarray]:
+def from_base64(text: pa.StringArray) -> tuple[pa.BinaryArray, np.ndarray]:
     """Base64 text (RFC 4648 alphabet, padded, nothing else) as bytes, and the slots that are not."""
     count = len(text)
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset : text.offset + count + 1].astype(np.int64)
