@@ -6,7 +6,9 @@ Connect's JsonConverter wrapper, Debezium's precise decimals; each test cites it
 
 from __future__ import annotations
 
+import base64
 import json
+from decimal import Decimal
 
 import pytest
 
@@ -257,3 +259,115 @@ def test_each_connectors_source_block_decodes_and_orders_by_its_own_position(spa
     assert project(found, COLUMNS) == source_state(events)
     assert quarantined(pipeline) == {}
     assert accounted(pipeline) == len(read_back(broker.bootstrap_servers, topic))
+
+
+# Debezium's decimal.handling.mode=precise, the default: a DECIMAL or NUMERIC(M,D) column is Connect's
+# org.apache.kafka.connect.data.Decimal (bytes, parameter "scale"), which JsonConverter writes as
+# base64 of the unscaled value's big-endian two's-complement bytes (its decimal.format=BASE64
+# default); a NUMERIC without a scale is io.debezium.data.VariableScaleDecimal, a struct {"scale":
+# INT32, "value": BYTES} (debezium/debezium documentation/modules/ROOT/pages/connectors/
+# postgresql.adoc, "Decimal types"; Kafka's connect/api Decimal and JsonConverter).
+DECIMAL_ROW = "id BIGINT, name STRING, balance DECIMAL(10,2), rate DECIMAL(12,4)"
+DIGITS_ONLY = -2658824  # its 3 bytes d7 6d f8 in base64 are "1234": a number's text too
+
+
+def unscaled(number: int) -> str:
+    return base64.b64encode(number.to_bytes((number + (number < 0)).bit_length() // 8 + 1, "big", signed=True)).decode()
+
+
+def with_decimals(events: list[ChangeEvent]) -> list[ChangeEvent]:
+    """The events with a balance in cents (base64 of its unscaled value, every seventh change
+    DIGITS_ONLY) and a rate of three decimal places (a VariableScaleDecimal), as the connector sends them."""
+    def wire(row: dict | None, i: int) -> dict | None:
+        if row is None:
+            return None
+        cents = DIGITS_ONLY if i % 7 == 3 else (row["balance"] - 5000) * 997
+        return {**row, "balance": unscaled(cents), "rate": {"scale": 3, "value": unscaled(row["balance"])}}
+
+    return [ChangeEvent(e.key, None if e.value is None else {**e.value, "before": wire(e.value["before"], i),
+                                                            "after": wire(e.value["after"], i)}, e.lsn)
+            for i, e in enumerate(events)]
+
+
+def read_decimals(row: dict) -> dict:
+    """A row as sent (with_decimals) with its decimals read by the reference: Python's own
+    int.from_bytes, written apart from oncemore's decoder."""
+    def number(encoded: str, scale: int) -> Decimal:
+        return Decimal(int.from_bytes(base64.b64decode(encoded), "big", signed=True)).scaleb(-scale)
+
+    return {**row, "balance": number(row["balance"], 2), "rate": number(row["rate"]["value"], row["rate"]["scale"])}
+
+
+def assert_decimals_folded(pipeline, records, envelope_kind="debezium", **fold_options):
+    """The table equals the fold of ``records`` (read back, unwrapped), key by key, each row's
+    decimals read by the reference."""
+    expected = fold(records, envelope_kind, ("id",), **fold_options)
+    found = table_state(pipeline.sink.table_uri, ("id",))
+    assert found.keys() == expected.keys() and expected
+    for k, row in expected.items():
+        assert {c: found[k][c] for c in row} == read_decimals(row), k
+
+
+def test_debezium_precise_decimals_land_exactly_with_and_without_jsonconverters_schema(spark, broker, topic,
+                                                                                       make_pipeline):
+    events = with_decimals(debezium_events(keys=25, changes=200, seed=31))
+    # One rate beyond the column's four decimal places: quarantined with its reason, never rounded.
+    late = {"id": 1, "name": "ada", "balance": unscaled(100), "rate": {"scale": 6, "value": unscaled(1234567)}}
+    events.append(ChangeEvent({"id": 1}, {**events[-1].value, "op": "u", "before": None, "after": late}, events[-1].lsn + 1))
+    assert any(e.value and (e.value["after"] or {}).get("balance") == "1234" for e in events)
+    produce(broker.bootstrap_servers, topic, events, "key")
+    plain = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                          format={"type": "json", "schema": DECIMAL_ROW}, upsert={"keys": ["id"], "envelope": "debezium"})
+    run(plain, spark_factory=lambda: spark)
+
+    records = read_back(broker.bootstrap_servers, topic)
+    beyond = [(p, o) for _, p, o, _, v in records if v is not None and b'"scale":6' in v]
+    assert len(beyond) == 1
+    assert {c: e for c, (_, _, e) in quarantined(plain).items()} == {
+        beyond[0]: "column 'after.rate': 1.234567 does not fit DECIMAL(12,4)"}
+    assert_decimals_folded(plain, [r for r in records if (r[1], r[2]) not in beyond])
+    assert accounted(plain) == len(records)
+    balances = query(plain.sink.table_uri, "SELECT balance FROM {table}")
+    assert (Decimal("-26588.24"),) in balances and (Decimal("1234.00"),) not in balances
+
+
+def test_through_jsonconverter_a_decimal_is_read_at_the_scale_its_schema_gives_under_either_envelope(
+        spark, broker, topic, make_pipeline):
+    # The source's balance is NUMERIC(10,2), its schema Decimal with scale "2"; the table declares
+    # DECIMAL(12,4): read at the schema's scale, 12.34 is 12.3400 (at the declared one it would be 0.1234).
+    balance = connect_field("balance", "bytes", name="org.apache.kafka.connect.data.Decimal", version=1,
+                            parameters={"scale": "2", "connect.decimal.precision": "10"})
+    rate = {"type": "struct", "fields": [connect_field("scale", "int32", False), connect_field("value", "bytes", False)],
+            "optional": True, "name": "io.debezium.data.VariableScaleDecimal", "version": 1,
+            "doc": "Variable scaled decimal", "field": "rate"}
+    value = {**VALUE_SCHEMA, "fields": [*ROW_FIELDS[:2], balance, rate]}
+    envelope_schema = {**ENVELOPE_SCHEMA, "fields": [{**value, "field": "before"}, {**value, "field": "after"},
+                                                     *ENVELOPE_SCHEMA["fields"][2:]]}
+    flat = {**value, "fields": [*value["fields"], connect_field("__deleted", "string")]}
+    events = with_decimals(debezium_events(keys=25, changes=150, seed=32))
+    wrapped = [ChangeEvent(connect_wrapped(KEY_SCHEMA, e.key),
+                           None if e.value is None else connect_wrapped(envelope_schema, e.value), e.lsn) for e in events]
+    produce(broker.bootstrap_servers, topic, wrapped, "key")
+    flattened = f"{topic}_flat"  # the same changes after ExtractNewRecordState (see the test above)
+    broker.create_topic(flattened, 3)
+    produce(broker.bootstrap_servers, flattened, [ChangeEvent(
+        connect_wrapped(KEY_SCHEMA, e.key), None if e.value is None else connect_wrapped(flat, {
+            **(e.value["before"] if e.value["op"] == "d" else e.value["after"]),
+            "__deleted": "true" if e.value["op"] == "d" else "false"}), e.lsn) for e in events], "key")
+    wire = dict(key={"type": "json", "schema": "id BIGINT", "schemas_enable": True})
+    row = "id BIGINT, name STRING, balance DECIMAL(12,4), rate DECIMAL(12,4)"
+    enveloped = make_pipeline(topic, name="accounts", **wire, format={"type": "json", "schema": row, "schemas_enable": True},
+                              upsert={"keys": ["id"], "envelope": "debezium"})
+    plain_rows = make_pipeline(flattened, name="flat_accounts", **wire,
+                               format={"type": "json", "schema": row + ", __deleted STRING", "schemas_enable": True},
+                               upsert={"keys": ["id"], "delete_when": "__deleted = 'true'"})
+    for pipeline, source in ((enveloped, topic), (plain_rows, flattened)):
+        run(pipeline, spark_factory=lambda: spark)
+        records = payloads(read_back(broker.bootstrap_servers, source))
+        options = {} if pipeline is enveloped else {"delete_when": lambda v: v["__deleted"] == "true"}
+        assert_decimals_folded(pipeline, records, "debezium" if pipeline is enveloped else "none", **options)
+        assert quarantined(pipeline) == {}
+        assert accounted(pipeline) == len(records)
+        # Cents, as the source holds them: none read at the declared scale (0.1234 for 12.34).
+        balances = [b for (b,) in query(pipeline.sink.table_uri, "SELECT balance FROM {table}")]
+        assert balances and all(b == b.quantize(Decimal("0.01")) for b in balances)
