@@ -233,7 +233,7 @@ def yugabyte_source(event: ChangeEvent) -> dict:
 CONNECTORS = {
     # connector: (its source block, sequence_by (None: offset order), the fold's order of an event)
     "oracle, offset order": (oracle_source, None, None),
-    "oracle, by commit_scn": (oracle_source, "source.commit_scn", lambda v: int(v["source"]["commit_scn"])),
+    "oracle, by scn": (oracle_source, "source.scn", lambda v: int(v["source"]["scn"])),
     "sqlserver, by commit_lsn": (sqlserver_source, "source.commit_lsn",
                                  lambda v: int(v["source"]["commit_lsn"].replace(":", ""), 16)),
     "mysql, by file and pos": (mysql_source, "CAST(substring_index(source.file, '.', -1) AS DECIMAL(20,0)) * 4294967296 "

@@ -29,8 +29,7 @@ NOT_AN_ORDER = {
     "gtid": "is text, a server's UUID and that server's counter (MySQL, MariaDB): no order across servers",
     "event_serial_no": "counts the events of one change (SQL Server, Db2) and restarts with each: order by "
                        "source.commit_lsn",
-    "ord": "counts the operations of one second (MongoDB) and restarts every second: order by "
-           "CAST(source.ts_ms AS DECIMAL(38,0)) * 4294967296 + source.ord",
+    "ord": "counts the operations of one second (MongoDB) and restarts every second",
     "sequence": "is text (PostgreSQL's [last commit LSN, LSN] as a JSON array): order by source.lsn",
     "vgtid": "is text, each Vitess shard's position: no order across shards",
 }
@@ -53,7 +52,9 @@ class Upsert(BaseModel):
     envelope: Literal["debezium", "none"] = "none"
     sequence_by: StrictStr | None = Field(
         default=None, description="a Spark SQL expression over the record (the envelope's fields for debezium), "
-                                  "compared as a number: the greatest wins; without it, Kafka's (partition, offset)")
+                                  "compared as a number (a SQL Server or Db2 hex LSN as the number of its digits): "
+                                  "the greatest wins; without it, Kafka's (partition, offset). A Debezium source "
+                                  "field that is no order (source.pos, txId, ...) is refused")
     delete_when: StrictStr | None = Field(default=None, description="envelope none: a Spark SQL predicate marking "
                                                                     "rows that are deletes, e.g. \"__deleted = 'true'\"")
     tombstone_retention_hours: Positive = Field(
