@@ -21,7 +21,8 @@ schema, else the documented default), never "a number where it parses as one".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,22 +35,24 @@ from oncemore.decode.json.types import beyond_precision, cast_each, from_base64
 # Connect Decimal's may be negative) is base64 of the unscaled value at that scale; or one of these.
 NUMERIC_TEXT = -1000  # the number's text (the record's schema: a string)
 NO_SCALE = -1001  # the record's schema names a Decimal without a usable scale
-# Connect's logical type names (Kafka's org.apache.kafka.connect.data.Decimal, Debezium's io.debezium.data).
+# Kafka Connect's logical type of a decimal (connect/api Decimal.LOGICAL_NAME).
 CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
-VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 
 
 @dataclass(frozen=True)
 class TextReading:
     """A STRING leaf written as a JSON string or number (module docstring)."""
 
-    kinds: dict = field(default_factory=lambda: {"string": pa.string(), "number": pa.int64()})
-    guarded: frozenset = frozenset()  # kinds whose parse type also takes another kind (none here)
+    # JSON kind -> what Arrow's reader parses it as, the first tried first; and the kinds whose
+    # parse type takes another kind too (checked, json/decoder.py): none.
+    kinds: ClassVar[dict] = {"string": pa.string(), "number": pa.int64()}
+    guarded: ClassVar[frozenset] = frozenset()
 
     def convert(self, parsed: pa.StructArray, rows: np.ndarray, path: str,
                 meanings: np.ndarray | None = None) -> tuple[pa.Array, dict[int, str]]:
         """``parsed``: the leaf's slots (canonical_type); ``rows``: each slot's record (unused)."""
-        return pc.coalesce(parsed.field("string"), parsed.field("number").cast(pa.string())), {}
+        texts, numbers = parsed.flatten()
+        return pc.coalesce(texts, numbers.cast(pa.string())), {}
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,14 @@ class DecimalReading:
     declared: pa.Decimal128Type
     base64: bool
 
+    # Arrow's reader takes a numeric JSON string into a decimal too: a block read with the number
+    # kind is checked to hold numbers only (json/decoder.py).
+    guarded: ClassVar[frozenset] = frozenset({"number"})
+
     @property
     def kinds(self) -> dict:
         return {"string": pa.string(), "object": pa.struct([("scale", pa.int32()), ("value", pa.string())]),
                 "number": self.declared}
-
-    # Arrow's reader takes a numeric JSON string into a decimal too: a block read with the number
-    # kind is checked to hold numbers only (json/decoder.py).
-    guarded: frozenset = frozenset({"number"})
 
     def default_meaning(self) -> int:
         return self.declared.scale if self.base64 else NUMERIC_TEXT
