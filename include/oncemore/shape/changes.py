@@ -5,11 +5,12 @@ or the value itself), the record's headers when the pipeline reads them, its coo
 
 Invariant: one change row per record, each with its coordinates and its key and value bytes as
 read; a record that cannot be applied (an unknown op, a create without ``after``, a NULL key column,
-a NULL sequence) carries its reason, and the sink quarantines it with its bytes, never drops it. A tombstone's key columns come from the Kafka
-key; so do a Debezium delete's where ``before`` lacks them. The sequence is
-``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL,
-hence quarantined with its reason); a Debezium field known to be text of a number written
-otherwise (a SQL Server or Db2 LSN in hex) becomes that number first (decode/envelope.py).
+a NULL sequence) carries its reason, and the sink quarantines it with its bytes, never drops it. A
+tombstone's key columns come from the Kafka key; so do a Debezium delete's where ``before`` lacks
+them. The sequence is ``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a
+non-numeric value is NULL, hence quarantined with its reason); a Debezium field known to be text of
+a number written otherwise (a SQL Server or Db2 LSN in hex) becomes that number first
+(decode/envelope.py).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def change_rows(records, pipeline: Pipeline):
         ordered = sequence_number(upsert.sequence_by) if upsert.envelope == "debezium" else upsert.sequence_by
         sequence = f"try_cast(({ordered}) AS DECIMAL(38,6))"
         columns.append(f"{sequence} AS {SEQUENCE_COLUMN}")
-        inexact = _inexact(records, upsert.sequence_by, sequence)
+        inexact = _inexact(records, ordered, sequence)
         if inexact is not None:  # before the NULL test: an overflow is NULL too
             invalid.append((f"NOT {tombstone} AND ({inexact})",
                             f"concat('sequence_by {_sql_text(upsert.sequence_by)} = ', CAST(({upsert.sequence_by}) "
