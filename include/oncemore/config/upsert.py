@@ -12,7 +12,7 @@ from oncemore.config.values import Positive, key_problem
 from oncemore.core.columns import key_type_ok
 
 if TYPE_CHECKING:
-    from oncemore.config.model import Format
+    from oncemore.config.formats import Format
 
 
 # Debezium source fields that are no order of a key's changes, refused as upsert.sequence_by by themselves.

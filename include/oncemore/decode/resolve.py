@@ -21,7 +21,8 @@ from dataclasses import replace
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
-from oncemore.config.model import Format, Pipeline
+from oncemore.config.formats import Format
+from oncemore.config.model import Pipeline
 from oncemore.core.columns import SchemaError
 from oncemore.core.ddl import parse_ddl, to_ddl
 from oncemore.core.errors import OncemoreError
