@@ -12,9 +12,10 @@ from decimal import Decimal
 
 import pytest
 
-from conftest import assert_exactly_once, query, read_coordinates
+from conftest import assert_exactly_once, oncemore_commits, query, read_coordinates
 from devtools.changefeed import (ChangeEvent, debezium_events, fold, produce, project, read_back, source_state,
                                  table_state)
+from oncemore.core.errors import QuarantineExceeded
 from oncemore.run.runner import run
 from test_upsert import COLUMNS, ROW, accounted, assert_folded, debezium, envelope, key
 
@@ -153,8 +154,16 @@ def test_rows_through_jsonconverter_with_schemas_append_on_both_paths_and_upsert
     shaped = make_pipeline(topic, name="rows_shaped", **settings, transform="SELECT *, upper(name) AS shout FROM records")
     unset = make_pipeline(topic, name="rows_unset", format=wire)
     assert not fused.shapes_in_spark and shaped.shapes_in_spark
-    for pipeline in (upserted, fused, shaped, unset):
+    for pipeline in (upserted, fused, shaped):
         run(pipeline, spark_factory=lambda: spark)
+    # Without schemas_enable every wrapped value is refused naming the setting (read as a row, it
+    # would be a row of NULLs: no declared column is in the wrapper), and the batch with them.
+    with pytest.raises(QuarantineExceeded, match=r"\d+ x value is Kafka Connect's JsonConverter wrapper .* set "
+                                                 r"format.schemas_enable: true to read its payload"):
+        run(unset, spark_factory=lambda: spark)
+    assert oncemore_commits(unset.sink.table_uri) == oncemore_commits(unset.sink.quarantine_uri) == []
+    unset = make_pipeline(topic, name="rows_unset", format=wire, quarantine={"max_fraction": 1})
+    run(unset, spark_factory=lambda: spark)
     assert accounted(upserted) == len(records)
     for pipeline in (fused, shaped, unset):  # appends: every record in the table or the quarantine, once
         assert_exactly_once([c[1:] for c in read_coordinates(pipeline.sink.table_uri)
@@ -175,8 +184,6 @@ def test_rows_through_jsonconverter_with_schemas_append_on_both_paths_and_upsert
         assert len(rows_found) == len(written)
         assert {c: e for c, (_, _, e) in quarantined(pipeline).items()} == dict.fromkeys(
             tombstones, "value is null (a tombstone), not a record")
-    # Without schemas_enable each wrapped value is refused naming the setting: read as a row, it
-    # would be a row of NULLs (no declared column is in the wrapper).
     assert query(unset.sink.table_uri, "SELECT count(*) FROM {table}") == [(0,)]
     reasons = {c: e for c, (_, _, e) in quarantined(unset).items()}
     assert set(reasons) == set(written) | tombstones
