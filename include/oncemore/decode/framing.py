@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from oncemore.decode.slices import byte_ranges
-
 MAGIC_BYTE = 0
 HEADER_SIZE = 5  # magic byte + 4-byte schema ID
 NO_SCHEMA = -1  # the schema ID of a null input or of one with wrong framing
@@ -62,8 +60,7 @@ def split_frames(values: pa.Array) -> Frames:
     for i in np.flatnonzero(whole_header & ~framed).tolist():
         errors[i] = _wrong_magic(int(magic[i]))
 
-    payloads = byte_ranges(values, np.full(count, HEADER_SIZE), lengths, framed)
-    return Frames(schema_ids, payloads, dict(sorted(errors.items())))
+    return Frames(schema_ids, _payloads(values.type, offsets, data, lengths, framed), dict(sorted(errors.items())))
 
 
 def strip_confluent_framing(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
@@ -71,6 +68,26 @@ def strip_confluent_framing(values: pa.Array) -> tuple[pa.Array, dict[int, str]]
     serializer) and, by index, the reason a value's framing is wrong (its payload is null)."""
     frames = split_frames(values)
     return frames.payloads, frames.errors
+
+
+def _payloads(kind: pa.DataType, offsets: np.ndarray, data: np.ndarray, lengths: np.ndarray,
+              framed: np.ndarray) -> pa.Array:
+    """The framed values without their headers, null elsewhere: the data buffer with each header
+    (and every other value's bytes) left out. (pyarrow 26's binary_slice fails on values shorter
+    than the slice start, so it cannot do this.)"""
+    first, starts = offsets[0], offsets[:-1] - offsets[0]
+    keep = np.ones(int(offsets[-1] - first), dtype=bool)
+    keep[(starts[framed, None] + np.arange(HEADER_SIZE)).ravel()] = False
+    for i in np.flatnonzero(~framed & (lengths > 0)).tolist():
+        keep[starts[i]: starts[i] + lengths[i]] = False
+    payload_lengths = np.where(framed, lengths - HEADER_SIZE, 0)
+    payload_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(payload_lengths, out=payload_offsets[1:])
+    offset_type = np.int64 if pa.types.is_large_binary(kind) else np.int32
+    validity = None if framed.all() else pa.array(framed).buffers()[1]
+    return pa.Array.from_buffers(kind, len(lengths), [
+        validity, pa.py_buffer(payload_offsets.astype(offset_type)), pa.py_buffer(data[first: offsets[-1]][keep])],
+        null_count=int(len(lengths) - framed.sum()))
 
 
 def _wrong_magic(first_byte: int) -> str:

@@ -10,11 +10,13 @@ exactly the keys "schema" and "payload". A payload of JSON null is a null payloa
 reads it as a null value). A null input stays null and is no error: JsonConverter writes a record
 whose schema and value are both null (Debezium's tombstone) as no bytes at all.
 
-How: JsonConverter writes compact JSON, the schema first: ``{"schema":S,"payload":P}``. The split is
-found in bytes for the whole batch (the first ``,"payload":`` after the prefix) and checked: S is
-parsed, once per distinct schema, and must be one complete JSON object or null (a split inside S,
-should a schema hold that text, is not); P is the rest but the closing brace (an object or null), which
-the JSON decoder checks as it checks any value (exactly one object). A value written otherwise (with
+How: JsonConverter writes compact JSON, the schema first: ``{"schema":S,"payload":P}``, and every
+record of one schema starts with the same ``{"schema":S,"payload":``. So one value's split (the
+first ``,"payload":`` after the prefix) is found and checked (S must parse as one JSON object or
+null: a split inside S, should a schema hold that text, is not one), and every value starting with
+those same bytes is of that schema, its payload P the rest but the closing brace (an object or
+null), which the JSON decoder checks as it checks any value; the batch is compared with each
+distinct schema's head at once, not scanned value by value. A value written otherwise (with
 whitespace, the payload first) is split alone by Python's JSON scanner, its payload's text kept
 exactly as written.
 """
@@ -30,11 +32,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from oncemore.decode.slices import byte_ranges
 
 PREFIX = b'{"schema":'
 SEPARATOR = b',"payload":'
 KEYS = ("schema", "payload")
+_MAX_SCHEMAS = 32  # distinct schemas in a batch read together; the values of any others, one by one
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _SCANNER = json.JSONDecoder()
 
@@ -59,35 +61,36 @@ def unwrap(values: pa.Array) -> Unwrapped:
     """The payloads and schemas of ``values`` (binary, nulls allowed), see the module docstring."""
     count = len(values)
     valid = values.is_valid().to_numpy(zero_copy_only=False)
-    lengths = pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     # The payload, too, ends the value: an object's '}' or null (another ending goes the slow way,
     # whose reason names what else the value holds).
-    shaped = pc.and_(pc.starts_with(values, PREFIX), pc.or_(pc.ends_with(values, b"}}"), pc.ends_with(
-        values, SEPARATOR + b"null}"))).fill_null(False)
-    split = pc.find_substring(values, SEPARATOR).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    fast = shaped.to_numpy(zero_copy_only=False) & (split >= len(PREFIX))
-    schema_texts = byte_ranges(values, np.full(count, len(PREFIX)), split, fast)
-    encoded = schema_texts.dictionary_encode()
+    remaining = pc.and_(pc.starts_with(values, PREFIX), pc.or_(pc.ends_with(values, b"}}"), pc.ends_with(
+        values, SEPARATOR + b"null}"))).fill_null(False).to_numpy(zero_copy_only=False)
+    schema_index = np.full(count, -1, dtype=np.int64)
     schemas: list[dict] = []
-    index = np.full(count, -1, dtype=np.int64)
-    by_text: dict[int, int] = {}  # distinct schema text -> its index in schemas (-1: null)
-    for position, text in enumerate(encoded.dictionary.to_pylist()):
+    payloads = pa.nulls(count, values.type)
+    known = np.zeros(count, dtype=bool)
+    groups = 0
+    # One schema at a time: a row's schema text, parsed, and every row that starts as it does.
+    while remaining.any() and groups < _MAX_SCHEMAS:
+        first = int(np.argmax(remaining))
+        text = values[first].as_py()
+        split = text.find(SEPARATOR, len(PREFIX))
         try:
-            schema = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
-            continue  # split inside the schema, or not JSON: those values go the slow way
-        if schema is None or isinstance(schema, dict):
-            by_text[position] = -1 if schema is None else len(schemas)
-            if schema is not None:
-                schemas.append(schema)
-    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    known = fast & np.isin(codes, list(by_text))
-    lookup = np.full(len(encoded.dictionary) + 1, -1, dtype=np.int64)
-    for position, at in by_text.items():
-        lookup[position] = at
-    index[known] = lookup[codes[known]]
-    starts, stops = split + len(SEPARATOR), lengths - 1
-    payloads = byte_ranges(values, np.where(known, starts, 0), np.where(known, stops, 0), known)
+            schema = json.loads(text[len(PREFIX):split]) if split > 0 else 0
+        except ValueError:
+            schema = 0  # the split is inside the schema (or it is no JSON): this one goes the slow way
+        if schema is not None and not isinstance(schema, dict):
+            remaining[first] = False
+            continue
+        head = text[:split + len(SEPARATOR)]
+        group = remaining & pc.starts_with(values, head).fill_null(False).to_numpy(zero_copy_only=False)
+        if schema is not None:
+            schema_index[group] = len(schemas)
+            schemas.append(schema)
+        payloads = pc.if_else(pa.array(group), pc.binary_slice(values, start=len(head), stop=-1), payloads)
+        known |= group
+        remaining &= ~group
+        groups += 1
     slow = np.flatnonzero(valid & ~known)
     errors: dict[int, str] = {}
     if len(slow):
@@ -99,14 +102,14 @@ def unwrap(values: pa.Array) -> Unwrapped:
                 errors[i] = str(exc)
                 continue
             if schema is not None:
-                index[i] = len(schemas)
+                schema_index[i] = len(schemas)
                 schemas.append(schema)
         payloads = pa.array(texts, values.type)
     # A JSON null payload is a null value, as JsonConverter reads it.
-    null_payload = pc.equal(payloads, b"null").fill_null(False).to_numpy(zero_copy_only=False)
-    if null_payload.any():
-        payloads = pc.if_else(pa.array(null_payload), pa.nulls(count, values.type), payloads)
-    return Unwrapped(payloads, index, schemas, errors)
+    null_payload = pc.equal(payloads, b"null").fill_null(False)
+    if pc.any(null_payload).as_py():
+        payloads = pc.if_else(null_payload, pa.nulls(count, values.type), payloads)
+    return Unwrapped(payloads, schema_index, schemas, errors)
 
 
 def wrapped(values: pa.Array) -> list[int]:
