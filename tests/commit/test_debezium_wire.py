@@ -65,6 +65,22 @@ def test_a_change_that_cannot_be_applied_is_quarantined_with_its_records_key_and
     assert accounted(pipeline) == len(records)
 
 
+def test_a_change_a_partition_directory_cannot_hold_is_quarantined_with_its_records_key_and_value(
+        spark, broker, topic, make_pipeline):
+    # Partitioned by its key, a table cannot hold the key "" (Delta reads an empty partition value
+    # as NULL): the sink quarantines that change, which decoded and is applicable, with its bytes too.
+    records = [(0, b'{"region":"north"}', b'{"region":"north","v":1}'), (0, b'{"region":""}', b'{"region":"","v":2}'),
+               (1, b'{"region":"south"}', b'{"region":"south","v":3}')]
+    broker.produce(topic, [(p, k, v, None) for p, k, v in records])
+    pipeline = make_pipeline(topic, name="regions", key={"type": "json", "schema": "region STRING"},
+                             format={"type": "json", "schema": "region STRING, v BIGINT"},
+                             upsert={"keys": ["region"]}, sink={"partition_by": ["region"]})
+    run(pipeline, spark_factory=lambda: spark)
+    assert query(pipeline.sink.table_uri, "SELECT region, v FROM {table} ORDER BY region") == [("north", 1), ("south", 3)]
+    held = quarantined(pipeline)
+    assert {c: (k, v) for c, (k, v, _) in held.items()} == {(0, 1): records[1][1:]}
+    assert accounted(pipeline) == len(records)
+
 # Kafka Connect's JsonConverter with schemas.enable=true (its default) wraps every key and value as
 # {"schema": ..., "payload": ...}, compact, the schema first; a schema is {"type", "fields" (a
 # struct's), "optional", "name", "version", "parameters", "default"}, a struct field's "field" last

@@ -3,14 +3,14 @@ or the value itself), the record's headers when the pipeline reads them, its coo
 (``_oncemore_change``: upsert, delete, tombstone, truncate) and why it cannot be applied
 (``_oncemore_invalid``: NULL when it can).
 
-Invariant: one change row per record, each with its coordinates and its key and value bytes as
-read; a record that cannot be applied (an unknown op, a create without ``after``, a NULL key column,
-a NULL sequence) carries its reason, and the sink quarantines it with its bytes, never drops it. A
-tombstone's key columns come from the Kafka key; so do a Debezium delete's where ``before`` lacks
-them. The sequence is ``try_cast(sequence_by AS DECIMAL(38,6))``: a number, never text (a
-non-numeric value is NULL, hence quarantined with its reason); a Debezium field known to be text of
-a number written otherwise (a SQL Server or Db2 LSN in hex) becomes that number first
-(decode/envelope.py).
+Invariant: one change row per record, each with its coordinates as read, and its key and value
+bytes where the sink may quarantine it; a record that cannot be applied (an unknown op, a create
+without ``after``, a NULL key column, a NULL sequence) carries its reason, and the sink quarantines
+it with its bytes, never drops it. A tombstone's key columns come from the Kafka key; so do a
+Debezium delete's where ``before`` lacks them. The sequence is ``try_cast(sequence_by AS
+DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL, hence quarantined with its
+reason); a Debezium field known to be text of a number written otherwise (a SQL Server or Db2 LSN
+in hex) becomes that number first (decode/envelope.py).
 """
 
 from __future__ import annotations
@@ -140,10 +140,15 @@ def change_rows(records, pipeline: Pipeline):
                             "or 6 after it): it would tie with its neighbours')"))
         invalid.append((f"NOT {tombstone} AND {sequence} IS NULL",
                         f"'sequence_by {_sql_text(upsert.sequence_by)} is NULL or not a number'"))
-    columns += [_q(c) for c in [*extra, *record_bytes, *coordinates]]
+    columns += [_q(c) for c in [*extra, *coordinates]]
     columns.append(f"{change} AS {CHANGE_COLUMN}")
     reasons = " ".join(f"WHEN {test} THEN {reason}" for test, reason in invalid)
-    columns.append(f"CAST(CASE {reasons} END AS STRING) AS {INVALID_COLUMN}")
+    why = f"CAST(CASE {reasons} END AS STRING)"
+    columns.append(f"{why} AS {INVALID_COLUMN}")
+    # The record's bytes go on to the sink only with a row it may quarantine: a change that cannot be
+    # applied, or with partition columns any (a value no partition directory can hold).
+    kept = "true" if pipeline.sink.partition_by else f"{why} IS NOT NULL"
+    columns += [f"CASE WHEN {kept} THEN {_q(c)} END AS {_q(c)}" for c in record_bytes]
     try:
         shaped = records.selectExpr(*columns)
         shaped.schema  # resolves sequence_by and delete_when

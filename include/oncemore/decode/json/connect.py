@@ -115,8 +115,12 @@ def unwrap(values: pa.Array) -> Unwrapped:
 def wrapped(values: pa.Array) -> list[int]:
     """The indices of values written as JsonConverter's wrapper is (compact, the schema first), for
     a format that does not expect one: read as a row they would be a row of NULLs."""
-    return pc.indices_nonzero(pc.and_(pc.starts_with(values, PREFIX), pc.greater_equal(
-        pc.find_substring(values, SEPARATOR), len(PREFIX))).fill_null(False)).to_pylist()
+    starts = pc.starts_with(values, PREFIX).fill_null(False)
+    if not pc.any(starts).as_py():  # the common case: no value even starts as one
+        return []
+    candidates = pc.indices_nonzero(starts)
+    split = pc.find_substring(values.take(candidates), SEPARATOR).fill_null(-1)
+    return candidates.filter(pc.greater_equal(split, len(PREFIX))).to_pylist()
 
 
 def _split(value: bytes) -> tuple[bytes | None, dict | None]:
