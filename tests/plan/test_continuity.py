@@ -16,11 +16,14 @@ from deltalake import DeltaTable
 
 from conftest import ROOT, assert_exactly_once, by_partition, held_positions, keyed, orders, read_pairs
 from oncemore.commit.committer import commit_positions
+from oncemore.commit.tables import ensure_tables
 from oncemore.config.values import OffsetBound
 from oncemore.core.errors import PositionsMissing, StalePlan, TableOwned, TopicChanged
+from oncemore.kafka import clients
 from oncemore.ops.reset import reset
+from oncemore.plan import ledger
 from oncemore.plan.commitinfo import METADATA_KEY, CommitInfo
-from oncemore.plan.ledger import Ledger
+from oncemore.plan.ledger import RECENT_HISTORY, Ledger
 from oncemore.plan.planner import plan_run
 from oncemore.report.verify import verify
 from oncemore.run import runner
@@ -123,6 +126,32 @@ def test_expired_positions_are_refused_and_a_reset_from_the_hint_continues_exact
     # verify passes it.
     report = verify(pipeline, lambda: spark)
     assert report.ok, report.describe()
+
+
+def test_planning_reads_no_commit_history_and_before_fingerprints_only_recent_history(broker, topic, make_pipeline,
+                                                                                        monkeypatch):
+    """DESIGN.md invariant 4: planning reads the snapshot's txn actions, not the commit history."""
+    broker.produce(topic, orders(0, 30))
+    pipeline = make_pipeline(topic)
+    ensure_tables(pipeline, pipeline.static_columns())
+    main = Ledger(pipeline.sink.table_uri, pipeline.name)
+    # Commits as oncemore wrote them before the topic's fingerprints were recorded (format < 4): the
+    # plan checks the topic against the newest commit record on it.
+    for n in range(RECENT_HISTORY + 20):
+        commit_positions(main, keyed(topic, {0: 10, 1: 10, 2: 10}), CommitInfo(
+            pipeline="orders", run_id=f"old-{n}", ranges={topic: {str(p): [10, 10] for p in (0, 1, 2)}}))
+    read = []
+    read_commit = ledger._read_commit
+    monkeypatch.setattr(ledger, "_read_commit", lambda *args: read.append(args[-1]) or read_commit(*args))
+    assert plan_run(pipeline).is_empty
+    assert 0 < len(read) <= RECENT_HISTORY, f"{len(read)} commit files read for a plan"
+
+    identity = clients.describe_source(clients.admin_client(pipeline), pipeline).identities[topic]
+    commit_positions(main, keyed(topic, {0: 10, 1: 10, 2: 10}), CommitInfo(
+        pipeline="orders", run_id="now", topic_ids={topic: identity.topic_id}, cluster_id=identity.cluster_id))
+    read.clear()
+    assert plan_run(pipeline).is_empty
+    assert read == [], "with the fingerprints in the snapshot, a plan reads no commit file"
 
 
 def test_every_commit_restates_idle_partitions_so_they_do_not_expire(broker, topic, make_pipeline, spark):

@@ -63,8 +63,8 @@ def check_identity(pipeline: Pipeline, ledger: Ledger, table, topic: str, identi
                    positions: Mapping[KafkaPartition, int]) -> None:
     """The positions of ``topic`` refer to the topic and cluster the broker reports now. The
     snapshot holds their fingerprints beside the positions; a table whose commits predate them
-    (format < 4) is checked against its newest commit record, searched through the whole log once
-    (the next commit records the fingerprints)."""
+    (format < 4) is checked against its newest commit record on the topic: in recent history, else
+    searched through the whole log (each plan until the next commit records the fingerprints)."""
     claims = ledger.claims(topic, table)
     if claims.topic_id is not None or claims.cluster_id is not None:
         cluster_changed = bool(identity.cluster_id) and claims.cluster_id not in (None, NO_ID, fingerprint(identity.cluster_id))
@@ -73,7 +73,7 @@ def check_identity(pipeline: Pipeline, ledger: Ledger, table, topic: str, identi
             return
         last = ledger.last_commit(topic, table)  # only to name the IDs in the error, when still in recent history
     else:
-        last = ledger.last_commit(topic, table, limit=None)
+        last = ledger.last_commit(topic, table) or ledger.last_commit(topic, table, limit=None)
         committed = last.record if last is not None else None
         before_topic_id = committed.topic_ids.get(topic) if committed else None
         cluster_changed = bool(committed and committed.cluster_id and identity.cluster_id
