@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import threading
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -21,9 +22,12 @@ from pyspark.sql.types import StructType
 
 from conftest import assert_exactly_once, duckdb_connection, held_positions, orders, read_pairs
 from oncemore.commit.tables import ensure_table
-from oncemore.core.errors import UnsupportedTable
+from oncemore.config.values import OffsetBound
+from oncemore.core.errors import PositionsMissing, UnsupportedTable
 from oncemore.ops.delete import DeleteRefused, delete
 from oncemore.ops.maintain import maintain
+from oncemore.ops.reset import reset
+from oncemore.plan.planner import plan_run
 from oncemore.report.verify import verify
 from oncemore.run import runner
 
@@ -242,6 +246,59 @@ def test_a_downstream_delta_stream_sees_every_committed_row_once(broker, topic, 
 
     assert_exactly_once(read_pairs(silver), produced)
     assert_exactly_once(spark_pairs(delta, silver), produced)
+
+
+def test_positions_delta_spark_expired_and_cleaned_up_are_refused_never_read_again(broker, topic, make_pipeline, delta):
+    """delta#1167: delta-spark leaves the txn actions older than delta.setTransactionRetentionDuration out
+    of its snapshots, so out of the checkpoints it writes, and its log cleanup deletes the commit files
+    older than delta.logRetentionDuration. Positions gone either way are never taken for a new table's:
+    a rerun, and a rerun of the first run's plan (an old task of Airflow's run again), are refused and
+    add no row; the reset the error names continues exactly once."""
+    pipeline = make_pipeline(topic)
+    path = pipeline.sink.table_uri
+    produced = broker.produce(topic, orders(0, 90))
+    handed = plan_run(pipeline)  # built on no position, as Airflow's plan task hands it to the run
+    runner.run(pipeline, plan=handed, spark_factory=lambda: delta)
+    produced += broker.produce(topic, orders(90, 30))
+    ingest(pipeline, delta)
+    assert held_positions(path, "orders", topic) == {0: 40, 1: 40, 2: 40}
+    time.sleep(2)  # the positions' lastUpdated is older than the retention set next
+    # Every commit of delta-spark's from here on writes a checkpoint of its snapshot.
+    delta.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.setTransactionRetentionDuration' = "
+              "'interval 1 seconds', 'delta.checkpointInterval' = '1')")
+    # A longer retention brings nothing back: the checkpoint left the positions out.
+    delta.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.setTransactionRetentionDuration' = 'interval 30 days')")
+    assert held_positions(path, "orders", topic) == {0: None, 1: None, 2: None}
+    more = broker.produce(topic, orders(120, 30))
+
+    def refused() -> str:
+        said = []
+        for plan in (None, handed):
+            with pytest.raises(PositionsMissing) as missing:
+                runner.run(pipeline, plan=plan, spark_factory=lambda: delta)
+            said.append(str(missing.value))
+        assert_exactly_once(read_pairs(path), produced)  # nothing read again
+        return said[0]
+
+    hint = json.dumps({topic: {"0": 40, "1": 40, "2": 40}}, sort_keys=True)
+    assert f"left positions at {hint}" in refused()
+    # Log cleanup: its cut-off is a day boundary, so the commit files are dated back first.
+    log = Path(path, "_delta_log")
+    past = time.time() - 3 * 86_400
+    for old in [*log.glob("*.json"), *log.glob("*.checkpoint.parquet")]:
+        os.utime(old, (past, past))
+    delta.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.logRetentionDuration' = 'interval 1 days', "
+              "'delta.deletedFileRetentionDuration' = 'interval 1 days')")  # at most the log's, delta-spark requires
+    assert not (log / f"{1:020d}.json").exists(), "delta-spark cleaned up the log"
+    said = refused()
+    assert "its log no longer keeps the commits before version" in said and f"Its rows reach offsets {hint}" in said
+
+    reset(pipeline, OffsetBound.parse(hint))
+    ingest(pipeline, delta)
+    assert_exactly_once(read_pairs(path), produced + more)
+    assert_exactly_once(spark_pairs(delta, path), produced + more)
+    report = verify(pipeline, lambda: delta)
+    assert report.ok, report.describe()
 
 
 # --- features a delta-spark user may turn on ----------------------------------------------------------

@@ -4,9 +4,11 @@ so nothing is read on positions that no longer mean what they meant.
 Refused, each naming pipeline, topic and what was found: a topic another pipeline ingests into
 the same table (both would plan the same ranges, every record twice); positions missing from a
 table that holds data or commits (they expired, the table is another pipeline's, another tool
-wrote it); another cluster; a recreated topic (new topic ID); a position beyond the log end. A
-pipeline whose topics were all replaced (dated or rotated topics of a pattern) is not refused:
-the topics it reads now are new to it.
+wrote it, or the log no longer keeps the commits that would tell: then where its rows reach is
+named), and a handed plan's whose positions went missing since it was made; another cluster; a
+recreated topic (new topic ID); a position beyond the log end. A pipeline whose topics were all
+replaced (dated or rotated topics of a pattern) is not refused: the topics it reads now are new to
+it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping
 
+import pyarrow as pa
+from deltalake import QueryBuilder
+
 from oncemore.config.loading import known_pipeline_names
 from oncemore.config.model import Pipeline
+from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
 from oncemore.core.coordinates import KafkaPartition, nested
 from oncemore.core.errors import PositionsMissing, TableOwned, TopicChanged
 from oncemore.kafka.clients import PartitionBounds, TopicIdentity
 from oncemore.plan.commitinfo import CommitEntry
-from oncemore.plan.ledger import NO_ID, RECENT_HISTORY, Ledger, fingerprint
+from oncemore.plan.ledger import NO_ID, RECENT_HISTORY, Ledger, fingerprint, open_table
 
 
 def check_continuity(
@@ -40,9 +46,7 @@ def check_continuity(
     for topic in sorted(identities):
         check_owner(pipeline, ledger, table, topic)
     if all(v is None for v in positions.values()):
-        # Data, or an oncemore commit: a table only created or altered (constraints, properties) is new.
-        if table.get_add_actions(flatten=False).num_rows or ledger.recent_commits(RECENT_HISTORY, table):
-            check_positions_kept(pipeline, ledger, table, identities)
+        check_positions_held(pipeline, ledger, table, positions)
         return
     for topic, identity in sorted(identities.items()):
         held = {p: v for p, v in positions.items() if p.topic == topic and v is not None}
@@ -131,6 +135,17 @@ def check_owner(pipeline: Pipeline, ledger: Ledger, table, topic: str, take_over
     )
 
 
+def check_positions_held(pipeline: Pipeline, ledger: Ledger, table, positions: Mapping[KafkaPartition, int | None]) -> None:
+    """Where ``table`` holds none of ``positions`` (the snapshot's, of a plan's partitions) but
+    holds data or an oncemore commit, check_positions_kept; a table only created or altered
+    (constraints, properties) is new. A plan handed to a run is checked here too: a plan made
+    before its positions expired would otherwise read its ranges again from no position."""
+    if table is None or any(v is not None for v in positions.values()):
+        return
+    if table.get_add_actions(flatten=False).num_rows or ledger.recent_commits(RECENT_HISTORY, table):
+        check_positions_kept(pipeline, ledger, table, {p.topic for p in positions})
+
+
 def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iterable[str]) -> None:
     """For a table that holds data or commits but no position of the pipeline's ``topics``: passes
     when the pipeline's newest commit was on other topics only (deleted since, or no longer matching
@@ -147,6 +162,15 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
                 f"none by {pipeline.name}. A table belongs to one pipeline: point {pipeline.name}'s sink.table_uri at "
                 "a table of its own.",
                 pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, owners=others, version=table.version())
+        kept = ledger.kept_versions(table)
+        if kept and kept[0] > 0:
+            raise PositionsMissing(
+                f"{where} holds data but no position of pipeline {pipeline.name}, and its log no longer keeps the "
+                f"commits before version {kept[0]} (delta.logRetentionDuration): positions that expired "
+                "(delta.setTransactionRetentionDuration) cannot be told from another tool's data any more, and "
+                f"oncemore does not ingest from starting_offsets over them. {_reach_hint(pipeline, table, topics)}",
+                pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version(),
+                first_kept_version=kept[0])
         raise PositionsMissing(
             f"{where} holds data that no oncemore pipeline committed (another tool wrote it): point "
             f"{pipeline.name}'s sink.table_uri at a table of its own, or start on this one deliberately with "
@@ -164,6 +188,30 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
         f"'{left}'` (or earliest, latest, a timestamp).",
         pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version(),
         newest_commit=own.version)
+
+
+def _reach_hint(pipeline: Pipeline, table, topics: Iterable[str]) -> str:
+    """Where the rows of the pipeline's tables (main and quarantine) reach in ``topics``, as the reset
+    that continues after them: every offset a committed range turned into a row lies below, and one
+    that made none (filtered, a transaction marker) makes none when read again."""
+    wanted, reach = set(topics), {}
+    quarantine = open_table(pipeline.sink.quarantine_uri, pipeline.sink.storage_options)
+    for held in (table, quarantine):
+        if held is None or not {TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN} <= {f.name for f in held.schema().fields}:
+            continue
+        rows = pa.table(QueryBuilder().register("t", held).execute(
+            f"SELECT {TOPIC_COLUMN} AS t, {PARTITION_COLUMN} AS p, max({OFFSET_COLUMN}) + 1 AS reach FROM t GROUP BY 1, 2"
+        ).read_all()).to_pylist()
+        for row in rows:
+            if row["t"] in wanted:
+                key = KafkaPartition(row["t"], row["p"])
+                reach[key] = max(reach.get(key, 0), row["reach"])
+    if not reach:
+        return (f"Start on it deliberately: `oncemore reset {pipeline.name} --to earliest|latest|TIMESTAMP|"
+                "'{\"TOPIC\": {\"0\": OFFSET}}'`.")
+    after = json.dumps(nested(reach), sort_keys=True)
+    return (f"Its rows reach offsets {after}: continue after them deliberately with `oncemore reset {pipeline.name} "
+            f"--to '{after}'` (or earliest, latest, a timestamp).")
 
 
 def _left_at(entry: CommitEntry, stated: Mapping[KafkaPartition, int]) -> dict:

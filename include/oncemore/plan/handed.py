@@ -3,7 +3,8 @@ record: it must be this pipeline's, for its table and its topics, and each topic
 one it was planned on.
 
 Invariant: a handed plan whose topic was recreated meanwhile (its offsets restarted) is refused
-with TopicChanged, and nothing is read.
+with TopicChanged, and one whose table has lost its positions since (they expired) with
+PositionsMissing (continuity.check_positions_held): nothing is read.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from oncemore.config.model import Pipeline
 from oncemore.core.errors import StalePlan, TopicChanged
 from oncemore.core.storage import table_location
 from oncemore.kafka import clients
+from oncemore.plan.continuity import check_positions_held
+from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import Plan
 
 
-def check_plan(pipeline: Pipeline, plan: Plan) -> Plan:
-    """``plan``, once checked (module docstring); StalePlan or TopicChanged otherwise."""
+def check_plan(pipeline: Pipeline, plan: Plan, main: Ledger) -> Plan:
+    """``plan``, once checked (module docstring) against Kafka and the pipeline's ``main`` table;
+    StalePlan, TopicChanged or PositionsMissing otherwise."""
     where = f"pipeline {pipeline.name}"
     mismatches = [
         (what, planned, configured) for what, planned, configured in (
@@ -43,4 +47,6 @@ def check_plan(pipeline: Pipeline, plan: Plan) -> Plan:
                 + "; nothing was read",
                 topic=topic, planned_topic_id=planned.topic_id, topic_id=now.topic_id if now else None,
             )
+    table = main.snapshot()
+    check_positions_held(pipeline, main, table, main.positions(plan.positions, table))
     return plan

@@ -73,8 +73,8 @@ def run(
     run_id = run_id or new_run_id()
     watch = Stopwatch()
     with watch.timing("plan"):
-        plan = plan_run(pipeline, until) if plan is None else check_plan(pipeline, plan)
         main = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
+        plan = plan_run(pipeline, until) if plan is None else check_plan(pipeline, plan, main)
         positions = main.positions(plan.ends()) if plan.batches else {}  # an empty plan reads no table
         pending = plan.pending(positions)
     report = RunReport(pipeline.name, run_id, plan)
