@@ -126,6 +126,16 @@ def test_our_commit_is_found_past_twenty_foreign_commits_and_its_files_kept(tmp_
     assert read_pairs(ledger.table_uri) == [(1, 0), (1, 1), (1, 2)]
 
 
+def test_the_tables_oncemore_creates_are_checkpointed_every_ten_commits(tmp_path):
+    # Every txn lookup replays the commits since the last checkpoint: the tail stays under ten.
+    ledger = race_table(tmp_path)
+    for n in range(25):
+        commit_positions(ledger, keyed("orders", {0: n + 1}), CommitInfo(pipeline="p", run_id=f"run-{n}"))
+    log = Path(ledger.table_uri, "_delta_log")
+    assert sorted(int(f.name[:20]) for f in log.glob("*.checkpoint.parquet")) == [9, 19]
+    assert Ledger(ledger.table_uri, "p").positions(keyed("orders", {0: None})) == keyed("orders", {0: 25})
+
+
 def test_our_commit_is_found_when_commits_land_between_the_snapshot_and_the_lookup(tmp_path, monkeypatch):
     # Maintenance or another run committing while we look our commit up: delta-rs's history()
     # labels the newest commits on storage from the snapshot's version, shifting every label.

@@ -36,6 +36,11 @@ from oncemore.plan.ledger import open_table
 
 log = logging.getLogger("oncemore")
 
+# Set on the tables oncemore creates. A checkpoint every 10 commits (delta-spark's default; delta-rs's
+# is 100): every txn lookup (a position, a claim) replays the commits since the last checkpoint, so
+# a plan, a status or a commit's re-check on a tail of up to 99 commits took several times as long.
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
+
 
 def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str], name: str, description: str,
                  storage_options: Mapping[str, str] | None = None, evolution: str = "add_columns",
@@ -53,6 +58,7 @@ def ensure_table(table_uri: str, schema: pa.Schema, partition_by: Iterable[str],
             table = DeltaTable.create(
                 location, pa.schema([f for f in schema if f.name not in unseen]), mode="error",
                 partition_by=list(partition_by) or None, name=name, description=description, storage_options=options,
+                configuration=dict(TABLE_PROPERTIES),
             )
         except Exception:
             # Another run created it first (version 0 exists): use theirs.
