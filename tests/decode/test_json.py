@@ -447,15 +447,19 @@ def test_a_key_through_jsonconverter_is_read_from_its_payload_and_a_wrapped_valu
     from oncemore.decode.rows import RecordDecoder
 
     wrapped = b'{"schema":{"type":"struct"},"payload":{"id":1}}'
-    for ddl, refused in (("id INT", True), ("schema STRUCT<type: STRING>, payload STRUCT<id: INT>", False)):
+    # A plain JSON value that merely has such keys among others is a row: JsonConverter's wrapper has exactly two.
+    not_wrapped = b'{"schema":"orders-v2","payload":{"note":"x"},"id":7}'
+    for ddl, value, refused in (("id INT", wrapped, True), ("id INT", not_wrapped, False),
+                                ("schema STRUCT<type: STRING>, payload STRUCT<id: INT>", wrapped, False)):
         decoder = RecordDecoder(RecordSpec(FormatSpec("json", ddl=ddl), None, False))
         result = decoder.decode(pa.table({
-            "key": pa.array([None], pa.binary()), "value": pa.array([wrapped], pa.binary()), "topic": ["t"],
+            "key": pa.array([None], pa.binary()), "value": pa.array([value], pa.binary()), "topic": ["t"],
             "partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
             "timestamp": pa.array([0], pa.timestamp("us", tz="UTC")), "timestamp_ms": pa.array([0], pa.int64())}))
         assert result.bad.column("error").to_pylist() == ([
             'value is Kafka Connect\'s JsonConverter wrapper {"schema": ..., "payload": ...} (the converter\'s '
             "schemas.enable=true): set format.schemas_enable: true to read its payload"] if refused else [])
+        assert result.good.num_rows == (0 if refused else 1)
 
 
 def unscaled(number: int, size: int | None = None) -> str:
@@ -531,6 +535,19 @@ def test_debezium_precise_decimals_are_read_exactly_from_each_kind_and_never_gue
         14: "column 'after.d': 1.234 does not fit DECIMAL(10,2)"}
 
 
+def test_a_variable_scale_decimal_beyond_arrows_38_is_read_where_it_fits_and_quarantined_where_not():
+    # PostgreSQL's unconstrained NUMERIC and Oracle's NUMBER reach scales of 127 (and below -38).
+    rows = [{"id": 1, "d": {"scale": 40, "value": unscaled(10**38)}}, {"id": 2, "d": {"scale": 40, "value": unscaled(1)}},
+            {"id": 3, "d": {"scale": -39, "value": unscaled(0)}}, {"id": 4, "d": {"scale": -39, "value": unscaled(1)}},
+            {"id": 5, "d": {"scale": 127, "value": unscaled(-7)}}, {"id": 6, "d": {"scale": 2, "value": unscaled(5)}}]
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [(row, {}) for row in rows])
+    found = [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()]
+    assert (found[0], found[2], found[5]) == (Decimal("0.01"), Decimal("0.00"), Decimal("0.05"))
+    assert decoded.errors == {1: "column 'after.d': 1E-40 does not fit DECIMAL(10,2)",
+                              3: "column 'after.d': 1E+39 does not fit DECIMAL(10,2)",
+                              4: "column 'after.d': -7E-127 does not fit DECIMAL(10,2)"}
+
+
 def test_a_decimal_leaf_parsed_as_numbers_never_takes_numeric_text_for_one():
     # Arrow's reader takes "1234" into a decimal column as 1234: once a leaf reads numbers, each
     # block is checked to hold numbers there, and a string switches it back.
@@ -570,8 +587,14 @@ def test_a_jsonconverter_schema_says_each_records_decimal_scale_or_that_the_colu
     decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": "1234"}, {}), ({"id": 2, "d": "x"}, {})],
                               as_text, True)
     assert [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()] == [Decimal("1234.00"), None]
-    assert decoded.errors == {1: "column 'after.d': 'x' is not a number that fits DECIMAL(10,2) (the record's schema "
-                                 "says the column is a string)"}
+    assert decoded.errors == {1: "column 'after.d': 'x' is not a number that fits DECIMAL(10,2)"}
+    # decimal.handling.mode=double: Jackson writes a double's NaN and Infinity as JSON strings, no base64.
+    as_double = connect({"type": "double", "optional": True})
+    decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": "Infinity"}, {}), ({"id": 2, "d": 12.5}, {})],
+                              as_double, True)
+    assert [row["after"] and row["after"]["d"] for row in decoded.table.to_pylist()] == [None, Decimal("12.50")]
+    assert decoded.errors == {0: "column 'after.d': 'Infinity' is no decimal (the record's Connect schema gives the "
+                                 "column a type other than a Decimal or a string: a double's NaN or Infinity?)"}
     no_scale = connect({"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal"})
     decoded = debezium_decode("id BIGINT, d DECIMAL(10,2)", [({"id": 1, "d": unscaled(1)}, {})], no_scale, True)
     assert decoded.errors == {0: "column 'after.d': its Connect schema names a org.apache.kafka.connect.data.Decimal "

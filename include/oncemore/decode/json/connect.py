@@ -2,7 +2,8 @@
 writes each value, and each key, as ``{"schema": <the Connect schema>, "payload": <the value>}``.
 The json format's ``schemas_enable: true`` reads the payload (``unwrap``) and keeps each record's
 schema for what only the schema says (a Decimal's scale, json/decoder.py); without it, a value
-written so is refused with the setting named (``wrapped``), never read as a row of NULLs.
+written so (exactly those two keys) is refused with the setting named (``wrapped``), never read as
+a row of NULLs.
 
 Invariant: every non-null input is either split into its payload and schema, or named in
 ``errors`` with the reason it is not a wrapper: JsonConverter's own rule, one JSON object with
@@ -113,14 +114,23 @@ def unwrap(values: pa.Array) -> Unwrapped:
 
 
 def wrapped(values: pa.Array) -> list[int]:
-    """The indices of values written as JsonConverter's wrapper is (compact, the schema first), for
-    a format that does not expect one: read as a row they would be a row of NULLs."""
+    """The indices of values written as JsonConverter's wrapper is (compact, the schema first, and
+    by its rule exactly the keys "schema" and "payload"), for a format that does not expect one:
+    read as a row they would be a row of NULLs. A value that merely has such keys among others is
+    a row like any other."""
     starts = pc.starts_with(values, PREFIX).fill_null(False)
     if not pc.any(starts).as_py():  # the common case: no value even starts as one
         return []
     candidates = pc.indices_nonzero(starts)
     split = pc.find_substring(values.take(candidates), SEPARATOR).fill_null(-1)
-    return candidates.filter(pc.greater_equal(split, len(PREFIX))).to_pylist()
+    found = []
+    for i in candidates.filter(pc.greater_equal(split, len(PREFIX))).to_pylist():
+        try:
+            _split(values[i].as_py())
+        except _NotWrapped:
+            continue
+        found.append(i)
+    return found
 
 
 def _split(value: bytes) -> tuple[bytes | None, dict | None]:

@@ -12,7 +12,8 @@ a leaf as the kind Arrow's reader finds there):
   declared one; or, where the record's schema says the column is a string
   (``decimal.handling.mode=string``), the number's text. A JSON object is a VariableScaleDecimal
   ``{"scale", "value"}`` (value in base64). A JSON number is the number (``double``, or
-  ``decimal.format=NUMERIC``).
+  ``decimal.format=NUMERIC``); a JSON string where the record's schema names another type (a
+  double's ``"NaN"`` or ``"Infinity"``) is none.
 
 Invariant: each value converts exactly into the declared type, or its record gets the reason
 naming the path; nothing is rounded. What a JSON string means is fixed per leaf and record (its
@@ -22,6 +23,7 @@ schema, else the documented default), never "a number where it parses as one".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import ClassVar
 
 import numpy as np
@@ -35,6 +37,8 @@ from oncemore.decode.json.types import beyond_precision, cast_each, from_base64
 # Connect Decimal's may be negative) is base64 of the unscaled value at that scale; or one of these.
 NUMERIC_TEXT = -1000  # the number's text (the record's schema: a string)
 NO_SCALE = -1001  # the record's schema names a Decimal without a usable scale
+# The record's schema gives the column another type (a double's NaN and Infinity are JSON strings).
+NOT_DECIMAL = -1002
 # Kafka Connect's logical type of a decimal (connect/api Decimal.LOGICAL_NAME).
 CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 
@@ -94,17 +98,20 @@ class DecimalReading:
         for slot in np.flatnonzero(string_valid & (slot_meanings == NO_SCALE)).tolist():
             bad[slot] = (f"column {path!r}: its Connect schema names a {CONNECT_DECIMAL} without a scale "
                          "parameter, so the value's scale is unknown")
+        for slot in np.flatnonzero(string_valid & (slot_meanings == NOT_DECIMAL)).tolist():
+            bad[slot] = (f"column {path!r}: {texts[slot].as_py()[:64]!r} is no decimal (the record's Connect schema "
+                         "gives the column a type other than a Decimal or a string: a double's NaN or Infinity?)")
         for slot in np.flatnonzero(object_valid & (pc.is_null(object_values).to_numpy(zero_copy_only=False)
                                                    | (scales == NO_SCALE))).tolist():
             bad[slot] = f"column {path!r}: a VariableScaleDecimal needs both its scale and its value"
         from_bytes = _from_unscaled(encoded, np.where(in_bytes, scales, 0), in_bytes & ~_marked(bad, count),
                                     wide, path, self.declared, bad)
-        # Numeric text, where the record's schema says the column is a string.
+        # Numeric text: the record's schema says the column is a string, or no schema says (envelope none).
         text_slots = string_valid & (slot_meanings == NUMERIC_TEXT)
         from_text, failed = cast_each(pc.if_else(pa.array(text_slots), texts, None), wide)
         for slot in failed:
             bad.setdefault(slot, f"column {path!r}: {texts[slot].as_py()[:64]!r} is not a number that fits "
-                                 f"{to_ddl(self.declared)} (the record's schema says the column is a string)")
+                                 f"{to_ddl(self.declared)}")
         values = pc.coalesce(from_bytes, from_text, numbers.cast(wide))
         for slot in beyond_precision(values, self.declared).tolist():
             bad.setdefault(slot, f"column {path!r}: {values[slot].as_py()} does not fit {to_ddl(self.declared)}")
@@ -156,16 +163,15 @@ def _from_unscaled(encoded: pa.StringArray, scales: np.ndarray, wanted: np.ndarr
     order = np.flatnonzero(good)
     for scale in np.unique(scales[good]).tolist():
         slots = order[scales[order] == scale]
-        try:
-            kind = pa.decimal128(38, scale)
-        except (ValueError, pa.ArrowInvalid):
-            for slot in slots.tolist():
-                bad[slot] = f"column {path!r}: scale {scale} is beyond what a decimal holds (-38 to 38)"
-            continue
-        unscaled = pa.Array.from_buffers(kind, count, [None, pa.py_buffer(little)]).take(pa.array(slots))
+        # Arrow takes any scale (a VariableScaleDecimal's may be 127, or -40); one beyond -38..38
+        # rescales into ``wide`` where the value fits and fails the cast where it does not.
+        unscaled = pa.Array.from_buffers(pa.decimal128(38, scale), count, [None, pa.py_buffer(little)]).take(pa.array(slots))
         rescaled, failed = cast_each(unscaled, wide)
         for at in failed:
-            bad.setdefault(int(slots[at]), f"column {path!r}: {unscaled[at].as_py()} does not fit {to_ddl(declared)}")
+            slot = int(slots[at])
+            # Python's Decimal, not as_py(): it names the value at a scale Arrow's conversion refuses.
+            value = Decimal(int.from_bytes(little[slot * 16: slot * 16 + 16], "little", signed=True)).scaleb(-scale)
+            bad.setdefault(slot, f"column {path!r}: {value} does not fit {to_ddl(declared)}")
         values.append(pc.if_else(pa.array(np.isin(np.arange(count), slots)), _scatter(rescaled, slots, count, wide), None))
     return pc.coalesce(*values) if values else pa.nulls(count, wide)
 
@@ -183,7 +189,7 @@ Reading = TextReading | DecimalReading
 def decimal_meanings(reading: DecimalReading, schemas: list[dict], reader: tuple[str, ...]) -> np.ndarray:
     """What a JSON string of the leaf at ``reader`` is under each of ``schemas`` (the records'
     JsonConverter schemas, json/connect.py) and, last, under none: a scale (base64 of the unscaled
-    value at it), NUMERIC_TEXT, or NO_SCALE."""
+    value at it), NUMERIC_TEXT, NO_SCALE or NOT_DECIMAL."""
     from oncemore.decode.json.connect import field_schema
 
     found = []
@@ -197,6 +203,8 @@ def decimal_meanings(reading: DecimalReading, schemas: list[dict], reader: tuple
                 meaning = NO_SCALE
         elif isinstance(leaf, dict) and leaf.get("type") == "string":
             meaning = NUMERIC_TEXT
+        elif isinstance(leaf, dict) and "type" in leaf:
+            meaning = NOT_DECIMAL
         found.append(meaning)
     return np.array([*found, reading.default_meaning()], dtype=np.int64)
 
