@@ -49,6 +49,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
     check_schedulable(pipeline)
     settings = pipeline.airflow
     common = {"config_path": str(Path(pipeline.origin).resolve()), "kafka_conn_id": settings.kafka_conn_id}
+    spark = _spark_pool(pipeline)
     with DAG(
         dag_id=dag_id(pipeline.name),
         # Data intervals: the run for [11:00, 12:00) starts after 12:00 and ingests up to the
@@ -82,10 +83,11 @@ def build_dag(pipeline: Pipeline) -> DAG:
         plan = OncemorePlanOperator(task_id="plan", **common)
         if settings.spark_connect_conn_id:
             ingest = OncemoreConnectIngestOperator(task_id="ingest", spark_connect_conn_id=settings.spark_connect_conn_id,
-                                                   outlets=[table_asset(pipeline)], **common)
+                                                   outlets=[table_asset(pipeline)], **common, **spark)
         else:
             ingest = OncemoreIngestOperator(task_id="ingest", conn_id=settings.spark_conn_id,
-                                            name=f"oncemore-{pipeline.name}", outlets=[table_asset(pipeline)], **common)
+                                            name=f"oncemore-{pipeline.name}", outlets=[table_asset(pipeline)], **common,
+                                            **spark)
         report = OncemoreReportOperator(task_id="report", **common)
         plan >> ingest >> report
     return dag
@@ -118,8 +120,13 @@ def build_maintenance_dag(pipeline: Pipeline) -> DAG:
             maintain >> OncemoreVerifyOperator(
                 task_id="verify", config_path=str(Path(pipeline.origin).resolve()),
                 verify_cron=pipeline.maintenance.verify, conn_id=settings.spark_conn_id,
-                name=f"oncemore-verify-{pipeline.name}")
+                name=f"oncemore-verify-{pipeline.name}", **_spark_pool(pipeline))
     return dag
+
+
+def _spark_pool(pipeline: Pipeline) -> dict[str, str]:
+    """The pool of the tasks that run Spark (ingest, verify): Airflow's default pool unless ``airflow.pool`` names one."""
+    return {"pool": pipeline.airflow.pool} if pipeline.airflow.pool else {}
 
 
 def _doc(pipeline: Pipeline) -> str:

@@ -103,6 +103,21 @@ def test_every_example_yields_a_dag_with_plan_ingest_report(monkeypatch):
         assert dag.tasks[1].outlets and dag.doc_md
 
 
+def test_the_tasks_running_spark_take_the_pipelines_pool_and_airflow_warns_of_a_pool_not_created(make_pipeline):
+    make_pipeline("t", airflow=airflow_section(pool="oncemore_spark"), maintenance={"verify": "0 5 * * *"})
+    make_pipeline("t", name="unpooled", airflow=airflow_section())
+    bag = DagBag(dag_folder=str(ROOT / "dags"), known_pools={"default_pool"})
+    pools = {dag_id: {t.task_id: t.pool for t in bag.dags[dag_id].tasks}
+             for dag_id in ("oncemore__orders", "oncemore_maintain__orders", "oncemore__unpooled")}
+    assert pools == {"oncemore__orders": {"plan": "default_pool", "ingest": "oncemore_spark", "report": "default_pool"},
+                     "oncemore_maintain__orders": {"maintain": "default_pool", "verify": "oncemore_spark"},
+                     "oncemore__unpooled": {"plan": "default_pool", "ingest": "default_pool", "report": "default_pool"}}
+    assert sorted((w.dag_id, w.message) for w in bag.dag_warnings) == [
+        (dag_id, f"Dag '{dag_id}' references non-existent pools: ['oncemore_spark']")
+        for dag_id in ("oncemore__orders", "oncemore_maintain__orders")]
+    assert not DagBag(dag_folder=str(ROOT / "dags"), known_pools={"default_pool", "oncemore_spark"}).dag_warnings
+
+
 def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_path, monkeypatch):
     good = (ROOT / "include" / "pipelines" / "examples" / "orders.yaml").read_text()
     (tmp_path / "orders.yaml").write_text(good)

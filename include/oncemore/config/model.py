@@ -209,6 +209,11 @@ class AirflowSettings(_Model):
         default=None, description="a spark_connect connection: the ingest task runs on that Spark Connect server "
                                   "instead of spark-submit")
     kafka_conn_id: StrictStr | None = None
+    pool: StrictStr | None = Field(
+        default=None, description="an Airflow pool whose slot each task running Spark (ingest, verify) takes: bounds "
+                                  "the runs on one Spark (Connect) server at once. Create it first (`airflow pools set "
+                                  "NAME SLOTS DESCRIPTION`): Airflow schedules no task of a pool that does not exist "
+                                  "and shows the DAG a warning")
 
     @field_validator("start_date")
     @classmethod
