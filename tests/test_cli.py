@@ -123,6 +123,40 @@ def test_missing_topic_is_a_one_line_error(make_pipeline):
     assert last.startswith("oncemore: error: pipeline orders: topic 'no_such_topic' is not available")
 
 
+def test_status_without_a_pipeline_prints_a_line_per_pipeline(tmp_path, broker, topic):
+    from devtools.fleet import write_fleet
+
+    broker.produce(topic, [(i % 3, None, b"x", None) for i in range(30)])
+    directory = tmp_path / "pipelines"
+    write_fleet(directory, tmp_path / "delta", broker.bootstrap_servers, {topic: 3}, 12)
+    env = {"ONCEMORE_PIPELINES_DIR": str(directory)}
+
+    shown = oncemore("status", env=env, check_no_spark=True)
+
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["pipeline", "state", "lag", "lag_time", "last_commit_age", "verify", "quarantined_24h",
+                                "tags"]
+    assert [line.split()[0] for line in lines[1:]] == [f"fleet_{i:03d}" for i in range(12)]
+    assert lines[1].split()[:3] == ["fleet_000", "ok", "24"] and lines[1].split()[-1] == "fleet,even"
+    assert lines[10].split()[:3] == ["fleet_009", "new", "30"]  # never run: the whole topic behind
+    rows = json.loads(oncemore("status", "--json", env=env).stdout)["pipelines"]
+    assert [(r["pipeline"], r["state"], r["lag"], r["quarantined_24h"]) for r in rows[:3]] == [
+        ("fleet_000", "ok", 24, 0), ("fleet_001", "ok", 24, 2), ("fleet_002", "ok", 24, 4)]
+
+    # A file that does not load and a pipeline that cannot be read: each named, the others still shown, exit 1.
+    (directory / "typo.yaml").write_text("name: typo\nsource: {bootstrap_server: 'k:9092', topic: t}\n")
+    (directory / "gone.yaml").write_text(yaml.safe_dump({
+        "name": "gone", "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": "no_such_topic_here"},
+        "sink": {"table_uri": str(tmp_path / "delta" / "gone")}, "format": {"type": "raw"}}))
+    shown = oncemore("status", env=env, check_no_spark=True)
+    assert shown.returncode == 1
+    lines = shown.stdout.splitlines()
+    assert len(lines) == 1 + 13 + 1 and lines[-1].startswith(f"broken: {directory / 'typo.yaml'}: ")
+    (gone,) = [line for line in lines if line.startswith("gone ")]
+    assert gone.split()[1] == "error" and "pipeline gone: topic 'no_such_topic_here' is not available" in gone
+
+
 def test_version_and_list_name_every_pipeline_and_every_broken_file(tmp_path):
     assert oncemore("--version").stdout.strip() == f"oncemore {__import__('oncemore').__version__}"
     (tmp_path / "orders.yaml").write_text(

@@ -1,11 +1,13 @@
 """The oncemore page of the Airflow UI: a FastAPI app the api-server mounts at ``/oncemore`` (the
 plugin's ``fastapi_apps``), shown in the UI's navigation as an embedded view (``external_views``).
 
-``/`` lists every pipeline with its per-partition position, log end, lag and last commit, its
-quarantine rate beside its limit, and its recent batches (an upsert pipeline's with what their
-events did: inserted, updated, deleted, stale); ``/pipelines/<name>`` adds plots of the batch
-history (records per hour of their Kafka timestamp, lag after each commit) and a quarantine sample;
-``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.report.overview``: the
+``/`` lists every pipeline in one table, a row each (report/fleet.py: state, lag in records and
+time, last commit's age, verify verdict, quarantined in the last 24 hours), sortable by any column
+and filtered by the DAG's tags in the browser; ``/pipelines/<name>`` shows one pipeline: its
+per-partition position, log end, lag and last commit, its quarantine rate beside its limit, plots
+of the batch history (records per hour of their Kafka timestamp, lag after each commit), a
+quarantine sample and its recent batches (an upsert pipeline's with what their events did:
+inserted, updated, deleted, stale); ``/api/...`` serves the same figures as JSON. Everything comes from ``oncemore.report.overview``: the
 Delta logs and Kafka, read-only. Access follows Airflow's: the caller's token (the UI's session
 cookie or a bearer token) must allow reading the pipeline's DAG.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +28,19 @@ from fastapi.templating import Jinja2Templates
 
 from oncemore.config.loading import load_all
 from oncemore.kafka.clients import CLIENT_LOG
-from oncemore.report.overview import pipeline_overview
+from oncemore.report import fleet
 from oncemore_airflow import charts
 from oncemore_airflow.factory import dag_id
 from oncemore_airflow.hooks import OncemoreHook
 
 URL_PREFIX = "/oncemore"
-_THREADS = 8
-# Every page view creates Kafka clients; their informational chatter does not belong in the API
-# server's log. Failures still reach the page as errors.
+# Every page view creates Kafka clients (the index: one per cluster); their informational chatter
+# does not belong in the API server's log. Failures still reach the page as errors.
 CLIENT_LOG.setLevel(logging.WARNING)
 
 app = FastAPI(title="oncemore", description="Positions, lag, batches and quarantine of oncemore pipelines")
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-templates.env.filters["seconds"] = lambda s: "-" if s is None else (
-    f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h")
+templates.env.filters["seconds"] = fleet.seconds
 
 
 def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
@@ -56,25 +55,14 @@ def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
         path: str(error) for path, error in broken.items()}
 
 
-def _overview(pipeline, detail: bool) -> dict[str, Any]:
-    """The pipeline's overview, or what stopped it (Kafka down, table unreadable) in its place."""
-    try:
-        data = pipeline_overview(pipeline, detail=detail)
-        data["error"] = None
-    except Exception as exc:  # one broken pipeline must not hide the others
-        data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
-                "table_uri": pipeline.sink.table_uri,
-                "error": f"{type(exc).__name__}: {exc}"}
-    data["dag_id"] = dag_id(pipeline.name)
-    return data
-
-
 def overviews(user) -> dict[str, Any]:
     started = time.monotonic()
     pipelines, broken = _readable_pipelines(user)
-    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(pipelines)))) as pool:
-        found = list(pool.map(lambda p: _overview(p, False), pipelines))
-    return {"pipelines": found, "broken_configs": broken, "seconds": round(time.monotonic() - started, 3)}
+    found = fleet.overviews(pipelines)
+    for data in found:
+        data["dag_id"] = dag_id(data["pipeline"])
+    tags = sorted({t for data in found for t in data["row"]["tags"]})
+    return {"pipelines": found, "tags": tags, "broken_configs": broken, "seconds": round(time.monotonic() - started, 3)}
 
 
 def one_overview(name: str, user) -> dict[str, Any]:
@@ -83,7 +71,8 @@ def one_overview(name: str, user) -> dict[str, Any]:
     pipeline = next((p for p in pipelines if p.name == name), None)
     if pipeline is None:
         raise HTTPException(status_code=404, detail=f"no pipeline named {name!r} that you may read")
-    data = _overview(pipeline, True)
+    data = fleet.overview(pipeline, detail=True)
+    data["dag_id"] = dag_id(pipeline.name)
     data["seconds"] = round(time.monotonic() - started, 3)
     return data
 

@@ -161,14 +161,15 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
     }
 
 
-def describe_source(admin: AdminClient, pipeline: Pipeline) -> SourceState:
+def describe_source(admin: AdminClient, pipeline: Pipeline, metadata=None) -> SourceState:
     """The partitions and identities of the pipeline's topics: the named ones (each must exist), or
     those matching its pattern now (none is an error: a pattern that matches nothing is a typo
-    more often than an empty cluster)."""
+    more often than an empty cluster). ``metadata``: the cluster's (``cluster_metadata``) when the
+    caller has just asked for it (kafka/cluster.py, for many pipelines at once)."""
     source = pipeline.source
     # All topics, not named ones: a named Metadata request may auto-create a topic (brokers
     # with auto.create.topics.enable; librdkafka's admin handle allows it).
-    metadata = cluster_metadata(admin, pipeline)
+    metadata = metadata or cluster_metadata(admin, pipeline)
     topics = source.topic_names or sorted(t for t in metadata.topics if source.subscribes(t))
     if not topics:
         raise KafkaSourceError(f"pipeline {pipeline.name}: no topic matches {source.topic_pattern!r} "

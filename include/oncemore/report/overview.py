@@ -11,6 +11,7 @@ the cost does not grow with the table's age.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Mapping
 
@@ -23,6 +24,7 @@ from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core import hours
 from oncemore.core.storage import filesystem
+from oncemore.kafka.cluster import ClusterLookups
 from oncemore.plan.ledger import CommitEntry, Ledger
 from oncemore.report.status import UPSERT_COUNTS, describe_rate, status
 from oncemore.report.verdict import Discrepancy, last_result
@@ -31,6 +33,7 @@ HISTORY_COMMITS = 500
 BATCHES_SHOWN = 20
 QUARANTINE_SAMPLE = 10
 _HOUR_MS = 3_600_000
+_DAY_MS = 24 * _HOUR_MS
 HOURS_SHOWN = 7 * 24  # the per-hour series' newest hours
 
 
@@ -51,18 +54,23 @@ def _ledgers(pipeline: Pipeline) -> tuple[Ledger, Ledger, threading.Lock]:
         return _LEDGERS[key]
 
 
-def pipeline_overview(pipeline: Pipeline, detail: bool = False) -> dict[str, Any]:
+def pipeline_overview(pipeline: Pipeline, detail: bool = False, kafka: ClusterLookups | None = None) -> dict[str, Any]:
     """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
-    page plots and a sample of quarantined records."""
+    page plots and a sample of quarantined records. ``kafka``: the lookups pipelines read
+    together share (kafka/cluster.py)."""
     main, quarantine, lock = _ledgers(pipeline)
     with lock:
-        return _overview(pipeline, main, quarantine, detail)
+        return _overview(pipeline, main, quarantine, detail, kafka)
 
 
-def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool) -> dict[str, Any]:
+def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool,
+              kafka: ClusterLookups | None) -> dict[str, Any]:
     history = main.recent_batches(HISTORY_COMMITS)
-    data = status(pipeline, history, main, quarantine)
-    data["last_commit"] = _batch(history[0]) if history else None
+    data = status(pipeline, history, main, quarantine, kafka)
+    now_ms = int(time.time() * 1000)
+    data["last_commit"] = {**_batch(history[0]), "age_seconds": max(now_ms - history[0].timestamp_ms, 0) / 1000} \
+        if history else None
+    data["quarantined_24h"] = quarantined_since(history, now_ms - _DAY_MS)
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
     data["verified"] = _verified(pipeline)
@@ -84,6 +92,15 @@ def _verified(pipeline: Pipeline) -> dict[str, Any] | None:
     first = result["discrepancies"][0] if result["discrepancies"] else None
     return {"ok": result["ok"], "at": result["at"], "summary": result["summary"],
             "first": Discrepancy(**{**first, "versions": tuple(first["versions"])}).line() if first else None}
+
+
+def quarantined_since(history: list[CommitEntry], since_ms: int) -> dict[str, Any]:
+    """Records the commits of ``history`` (newest first) quarantined since ``since_ms``;
+    ``complete`` is false when the history read (HISTORY_COMMITS) ends after ``since_ms``, so
+    older commits of that time were not counted."""
+    recent = [e for e in history if e.timestamp_ms >= since_ms]
+    return {"records": sum(e.record.records.get("quarantined", 0) for e in recent),
+            "complete": len(recent) < len(history) or len(history) < HISTORY_COMMITS}
 
 
 def per_hour(history: list[CommitEntry]) -> list[dict[str, Any]]:

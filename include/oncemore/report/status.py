@@ -17,7 +17,7 @@ from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.errors import OncemoreError
-from oncemore.kafka import clients
+from oncemore.kafka.cluster import ClusterLookups
 from oncemore.plan.bounds import first_matching
 from oncemore.plan.commitinfo import CommitEntry
 from oncemore.plan.ledger import Ledger
@@ -36,16 +36,17 @@ class FreshnessAlert(OncemoreError):
 
 
 def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main: Ledger | None = None,
-           quarantine: Ledger | None = None) -> dict[str, Any]:
+           quarantine: Ledger | None = None, kafka: ClusterLookups | None = None) -> dict[str, Any]:
     """Per partition: the committed position, the log's bounds (``log_end`` is the last stable
     offset), the lag in records, the lag in time (``lag_seconds``: the age of the first record not
     yet ingested) and the partition's last commit among ``recent`` (this pipeline's recent
     batches, newest first; read from the table when not given). ``main`` and ``quarantine``: the
-    tables' ledgers when the caller keeps them (their snapshots are then only updated)."""
+    tables' ledgers when the caller keeps them (their snapshots are then only updated); ``kafka``:
+    the lookups the pipelines read together share (one admin client per cluster)."""
     options = pipeline.sink.storage_options
-    admin = clients.admin_client(pipeline)
-    state = clients.describe_source(admin, pipeline)
-    bounds = clients.log_bounds(admin, pipeline, state.partitions)
+    kafka = kafka or ClusterLookups()
+    state = kafka.describe_source(pipeline)
+    bounds = kafka.log_bounds(pipeline, state.partitions)
     main = main or Ledger(pipeline.sink.table_uri, pipeline.name, options)
     quarantine = quarantine or Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
     table = main.snapshot()
@@ -79,7 +80,7 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
     data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
             "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
-            "partitions": rows, "gone": _gone(pipeline, admin, main, table, recent, set(state.topics)),
+            "partitions": rows, "gone": _gone(pipeline, kafka, main, table, recent, set(state.topics)),
             "quarantine": quarantine_rate(pipeline, recent)}
     if pipeline.sink.catalog is not None:
         data["catalog"] = catalog_state(pipeline)
@@ -132,14 +133,14 @@ def upsert_counts(entry: CommitEntry) -> dict[str, Any]:
             **{c: entry.record.records.get(c, 0) for c in UPSERT_COUNTS}}
 
 
-def _gone(pipeline: Pipeline, admin, main: Ledger, table, recent: Sequence[CommitEntry],
+def _gone(pipeline: Pipeline, kafka: ClusterLookups, main: Ledger, table, recent: Sequence[CommitEntry],
           topics: set[str]) -> dict[str, dict[str, Any]]:
     """Topics the pipeline's recent batches read that it reads no longer: deleted from the cluster,
     or no longer matching its pattern (a rotated topic), with the positions the table keeps for them."""
     partitions = sorted({p for e in recent for p in e.record.partition_ranges() if p.topic not in topics})
     if not partitions:
         return {}
-    existing = clients.cluster_metadata(admin, pipeline).topics
+    existing = kafka.metadata(pipeline).topics
     held = main.positions(partitions, table)
     return {topic: {"why": "no longer subscribed" if topic in existing else "deleted",
                     "positions": {str(p.partition): held[p] for p in partitions if p.topic == topic}}
