@@ -12,6 +12,7 @@ import re
 import shutil
 import urllib.request
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from urllib.error import HTTPError
 from urllib.parse import quote
 
@@ -187,30 +188,42 @@ def test_the_oncemore_page_shows_the_ledger(clicks, page, spark):
     admin = clients.admin_client(pipeline)
     partitions = clients.describe_source(admin, pipeline).partitions
     positions, bounds = ledger.positions(partitions), clients.log_bounds(admin, pipeline, partitions)
+    commits = oncemore_commits(pipeline.sink.table_uri)
 
     page.goto(services.url)
     page.get_by_role("link", name="oncemore", exact=True).click()  # the navigation button the plugin adds
     frame = page.frame_locator("iframe")
-    section = frame.locator("section#clicks")
-    section.locator("table.partitions").wait_for()
+    # The index: a row per pipeline (the CLI-only one has no DAG, so no row).
+    row = frame.locator("table#pipelines tr[data-pipeline='clicks']")
+    row.wait_for()
+    assert frame.locator("table#pipelines tbody tr").evaluate_all("rows => rows.map(r => r.dataset.pipeline)") == ["clicks"]
+    assert row.locator("td.state").inner_text() == "ok"
+    assert int(row.locator("td.lag").inner_text()) == sum(bounds[p].latest - positions[p] for p in partitions) > 0
+    assert row.locator("td.lag-time").inner_text() != "-" and row.locator("td.last-commit-age").inner_text() != "-"
+    assert row.locator("td.verify").inner_text() == "OK" and verified.ok
+    assert int(row.locator("td.quarantined-24h").inner_text()) == sum(r.records["quarantined"] for _, r in commits) > 0
+    screenshot(page, "oncemore-page.png")
+
+    # Partitions and batches are on the pipeline's page.
+    frame.get_by_role("link", name="clicks", exact=True).click()
+    frame.locator("h1", has_text="clicks").wait_for()
     for p in partitions:
-        row = section.locator(f"table.partitions tr[data-partition='{p}']")
-        assert int(row.locator("td.position").inner_text()) == positions[p]
-        assert int(row.locator("td.log-end").inner_text()) == bounds[p].latest
-        assert int(row.locator("td.lag").inner_text()) == bounds[p].latest - positions[p] > 0
-        assert row.locator("td.lag-time").inner_text() != "-"
-    newest = oncemore_commits(pipeline.sink.table_uri)[-1]
-    assert int(section.locator(".last-commit-version").inner_text()) == newest[0]
-    shown = section.locator("table.batches tr[data-version]")
+        partition = frame.locator(f"table.partitions tr[data-partition='{p}']")
+        assert int(partition.locator("td.position").inner_text()) == positions[p]
+        assert int(partition.locator("td.log-end").inner_text()) == bounds[p].latest
+        assert int(partition.locator("td.lag").inner_text()) == bounds[p].latest - positions[p] > 0
+        assert partition.locator("td.lag-time").inner_text() != "-"
+    newest = commits[-1]
+    assert int(frame.locator(".last-commit-version").inner_text()) == newest[0]
+    shown = frame.locator("table.batches tr[data-version]")
     assert shown.first.get_attribute("data-version") == str(newest[0])
     assert shown.first.locator("td.run-id").inner_text() == newest[1].run_id
     assert int(shown.first.locator("td.written").inner_text()) == newest[1].records["written"]
     records = newest[1].records
     assert shown.first.locator("td.quarantine-rate").inner_text() == \
         f"{100 * records['quarantined'] / (records['written'] + records['quarantined']):.1f}"
-    assert verified.ok and section.locator("p.verified").inner_text().startswith("verified at ")
-    assert f"{pipeline.name}: OK: {verified.commits} commits audited" in section.locator("p.verified").inner_text()
-    screenshot(page, "oncemore-page.png")
+    assert frame.locator("p.verified").inner_text().startswith("verified at ")
+    assert f"{pipeline.name}: OK: {verified.commits} commits audited" in frame.locator("p.verified").inner_text()
 
 
 def test_the_pipeline_page_plots_the_history_and_samples_the_quarantine(clicks, page):
@@ -279,3 +292,55 @@ def test_the_oncemore_api_needs_a_login(clicks):
         urllib.request.urlopen(services.url + "/oncemore/api/pipelines", timeout=30)
     assert refused.value.code == 401
     assert [p["pipeline"] for p in services.api("GET", "/oncemore/api/pipelines")["pipelines"]] == ["clicks"]
+
+
+def test_the_index_of_a_hundred_pipelines_is_one_table_sorted_and_filtered_by_tag(clicks, page, broker, tmp_path):
+    from devtools.fleet import write_fleet
+
+    services, pipeline, _, _ = clicks
+    directory = Path(pipeline.origin).parent
+    topic = pipeline.source.topic
+    fleet = write_fleet(directory, tmp_path / "delta", broker.bootstrap_servers, {topic: 3}, 100)
+    try:
+        admin = clients.admin_client(pipeline)
+        bounds = clients.log_bounds(admin, pipeline, clients.describe_source(admin, pipeline).partitions)
+        log_end, log_start = sum(b.latest for b in bounds.values()), sum(b.earliest for b in bounds.values())
+
+        page.goto(services.url + "/plugin/oncemore")
+        frame = page.frame_locator("iframe")
+        rows = frame.locator("table#pipelines tbody tr")
+        frame.locator("table#pipelines tr[data-pipeline='fleet_099']").wait_for()
+        names = ["clicks", *(p.name for p in fleet)]
+        assert rows.evaluate_all("rows => rows.map(r => r.dataset.pipeline)") == names
+        cells = rows.evaluate_all("rows => rows.map(r => [r.dataset.pipeline, r.querySelector('td.state').innerText, "
+                                  "r.querySelector('td.lag').innerText, r.querySelector('td.tags').innerText])")
+        for i, (name, state, lag, tags) in enumerate(cells[1:]):
+            never_run = i % 10 == 9  # devtools/fleet.py: two commits to offset 2 of each partition, else none
+            assert (name, state, int(lag), tags) == (
+                fleet[i].name, "new" if never_run else "ok", log_end - (log_start if never_run else 6),
+                f"fleet, {('even', 'odd')[i % 2]}")
+        assert frame.locator("table.partitions, table.batches").count() == 0, "they are on each pipeline's page"
+
+        frame.locator("select#tag-filter").select_option("odd")
+        visible = "rows => rows.filter(r => !r.hidden).map(r => r.dataset.pipeline)"
+        assert rows.evaluate_all(visible) == [f"fleet_{i:03d}" for i in range(1, 100, 2)]
+        assert frame.locator("#shown").inner_text() == "50"
+        frame.locator("select#tag-filter").select_option("")
+        assert len(rows.evaluate_all(visible)) == 101
+
+        lag_header = frame.locator("table#pipelines th", has_text="lag (records)")
+        lag_header.click()
+        lags = "rows => rows.map(r => Number(r.querySelector('td.lag').dataset.value))"
+        ascending = rows.evaluate_all(lags)
+        assert ascending == sorted(ascending) and ascending[0] < ascending[-1]
+        assert lag_header.get_attribute("aria-sort") == "ascending"
+        lag_header.click()
+        assert rows.evaluate_all(lags) == sorted(ascending, reverse=True)
+        frame.locator("table#pipelines th", has_text="pipeline").click()
+        assert rows.evaluate_all("rows => rows.map(r => r.dataset.pipeline)") == sorted(names)
+        page.set_viewport_size({"width": 1400, "height": 1500})
+        screenshot(page, "oncemore-index-100.png")
+        page.set_viewport_size({"width": 1400, "height": 1000})
+    finally:
+        for made in fleet:
+            Path(made.origin).unlink()

@@ -84,9 +84,6 @@ class ClusterLookups:
                 self._clusters[key] = _Cluster(pipeline)  # a client that cannot be made fails its asker, kept for none
             return self._clusters[key]
 
-    def admin(self, pipeline: Pipeline) -> AdminClient:
-        return self._cluster(pipeline).admin
-
     def metadata(self, pipeline: Pipeline):
         """The cluster's metadata (``clients.cluster_metadata``), asked once."""
         return self._cluster(pipeline).metadata(pipeline)
