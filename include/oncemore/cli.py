@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from oncemore import __version__
-from oncemore.config.loading import load_all, load_named, load_pipeline, shared_tables, with_kafka_overrides
+from oncemore.config.loading import broken_line, load_all, load_named, load_pipeline, shared_tables, with_kafka_overrides
 from oncemore.config.model import Pipeline, json_schema
 from oncemore.config.values import ConfigError, OffsetBound
 from oncemore.core import crashpoints
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     logging.getLogger(CLIENT_LOG.name).setLevel(logging.CRITICAL)
     try:
-        every = getattr(args, "every_pipeline_without_one", False) and args.pipeline is None and args.config is None
-        pipeline = _pipeline(args) if "pipeline" in args and not every else None
+        pipeline = _pipeline(args) if "pipeline" in args and (args.pipeline or args.config or args.handler is not _status) else None
         code = args.handler(pipeline, args)
         sys.stdout.flush()
         return code
@@ -95,11 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     plan = add("plan", "print what a run would ingest (no Spark)", _plan)
     plan.add_argument("--until", default="latest", help=until_help)
     plan.add_argument("--json", action="store_true", help="machine-readable plan")
-    status = add("status", "positions, log bounds and lag per partition; with no pipeline, one line per pipeline of "
-                           "the pipelines directory (state, lag, last commit's age, verify, quarantined in 24 h)",
-                 _status)
+    status = add("status", "positions, log bounds and lag per partition; with no pipeline, a line per pipeline", _status)
     status.add_argument("--json", action="store_true", help="the same, machine-readable")
-    status.set_defaults(every_pipeline_without_one=True)
     reset = add("reset", "set the pipeline's positions deliberately (a commit recording old and new)", _reset)
     reset.add_argument("--to", required=True,
                        help="earliest, latest, an ISO-8601 timestamp, or offsets JSON like "
@@ -244,8 +240,7 @@ def _spark_for(name: str, args) -> Iterator[Callable]:
                     raise
 
 
-# Days a command's Spark output is kept in $TMPDIR/oncemore-logs.
-LOG_DAYS = 7
+LOG_DAYS = 7  # days a command's Spark output is kept in $TMPDIR/oncemore-logs
 
 
 def _log_file(name: str) -> Path:
@@ -303,27 +298,12 @@ def _plan(pipeline: Pipeline, args) -> int:
 
 
 def _status(pipeline: Pipeline | None, args) -> int:
-    if pipeline is None:
-        return _status_of_every_pipeline(args)
+    if pipeline is None:  # every pipeline of the directory, a line each; exit 1 naming those that fail
+        from oncemore.report.fleet import print_every_pipeline
+        return EXIT_FAILURE if print_every_pipeline(as_json=args.json) else 0
     data = status(pipeline)
     print(json.dumps(data, indent=2) if args.json else format_status(data))
     return 0
-
-
-def _status_of_every_pipeline(args) -> int:
-    """A row per pipeline of the directory (report/fleet.py); exit 1 if one could not be read or a
-    file does not load, each named."""
-    from oncemore.report.fleet import format_rows, overviews
-
-    pipelines, broken = load_all()
-    rows = [data["row"] for data in overviews(pipelines)]
-    if args.json:
-        print(json.dumps({"pipelines": rows, "broken_configs": {path: str(e) for path, e in sorted(broken.items())}},
-                         indent=2))
-    else:
-        print(format_rows(rows))
-        _print_broken(broken)
-    return EXIT_FAILURE if broken or any(r["state"] == "error" for r in rows) else 0
 
 
 def _reset(pipeline: Pipeline, args) -> int:
@@ -372,14 +352,9 @@ def _list(_pipeline: None, _args) -> int:
     for pipeline in pipelines:
         print(f"{pipeline.name}: {pipeline.source.describe_subscription()} -> {pipeline.sink.table_uri} "
               f"({pipeline.origin})")
-    _print_broken(broken)
-    return EXIT_FAILURE if broken else 0
-
-
-def _print_broken(broken: dict) -> None:
-    """The pipeline files that do not load, a line each."""
     for path, problem in sorted(broken.items()):
-        print(f"broken: {problem}" if str(problem).startswith(path) else f"broken: {path}: {problem}")
+        print(broken_line(path, problem))
+    return EXIT_FAILURE if broken else 0
 
 
 def _check(_pipeline: None, args) -> int:

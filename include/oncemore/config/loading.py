@@ -99,6 +99,11 @@ def load_all(directory: Path | None = None) -> tuple[list[Pipeline], dict[str, C
     return [p for p in loaded if p.origin not in broken], broken
 
 
+def broken_line(path: str, problem: ConfigError) -> str:
+    """A file of the directory that does not load (``load_all``'s ``broken``), as one line."""
+    return f"broken: {problem}" if str(problem).startswith(path) else f"broken: {path}: {problem}"
+
+
 def shared_tables(pipelines: list[Pipeline]) -> dict[str, ConfigError]:
     """By file, the pipelines whose main or quarantine table is also another pipeline's table, with
     the error naming the other: two pipelines planning into one table would duplicate records."""

@@ -11,9 +11,11 @@ cluster share one admin client, its metadata and one ListOffsets pair.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from oncemore.config.loading import broken_line, load_all
 from oncemore.config.model import Pipeline
 from oncemore.kafka.cluster import ClusterLookups
 from oncemore.report.overview import pipeline_overview
@@ -23,6 +25,20 @@ from oncemore.report.status import FreshnessAlert, check_freshness
 # delta-rs work outside the GIL).
 THREADS = 8
 COLUMNS = ("pipeline", "state", "lag", "lag_time", "last_commit_age", "verify", "quarantined_24h", "tags")
+
+
+def print_every_pipeline(as_json: bool = False) -> bool:
+    """``oncemore status`` with no pipeline: prints the rows of every pipeline of the pipelines
+    directory (``format_rows``, then a line per file that does not load; or all as JSON); True
+    when a pipeline could not be read or a file does not load."""
+    pipelines, broken = load_all()
+    rows = [data["row"] for data in overviews(pipelines)]
+    if as_json:
+        print(json.dumps({"pipelines": rows, "broken_configs": {path: str(e) for path, e in sorted(broken.items())}},
+                         indent=2))
+    else:
+        print("\n".join([format_rows(rows), *(broken_line(path, e) for path, e in sorted(broken.items()))]))
+    return bool(broken) or any(r["state"] == "error" for r in rows)
 
 
 def overview(pipeline: Pipeline, detail: bool = False, kafka: ClusterLookups | None = None) -> dict[str, Any]:
