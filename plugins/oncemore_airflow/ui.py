@@ -26,7 +26,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from oncemore.config.loading import load_all
+from oncemore.config.loading import load_all, with_kafka_overrides
 from oncemore.kafka.clients import CLIENT_LOG
 from oncemore.report import fleet
 from oncemore_airflow import charts
@@ -51,8 +51,15 @@ def _readable_pipelines(user) -> tuple[list, dict[str, str]]:
     manager = get_auth_manager()
     readable = [p for p in pipelines if p.airflow is not None
                 and manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id(p.name)), user=user)]
-    return [OncemoreHook(p.origin, p.airflow.kafka_conn_id).get_pipeline() for p in readable], {
-        path: str(error) for path, error in broken.items()}
+    overrides: dict[str | None, dict] = {}  # a connection is asked once a view, however many pipelines use it
+
+    def connected(pipeline):
+        conn_id = pipeline.airflow.kafka_conn_id
+        if conn_id not in overrides:
+            overrides[conn_id] = OncemoreHook(pipeline.origin, conn_id).kafka_overrides()
+        return with_kafka_overrides(pipeline, overrides[conn_id]) if overrides[conn_id] else pipeline
+
+    return [connected(p) for p in readable], {path: str(error) for path, error in broken.items()}
 
 
 def overviews(user) -> dict[str, Any]:
