@@ -313,17 +313,16 @@ def test_status_and_the_oncemore_page_show_what_each_batch_did(spark, broker, to
 
     overview = pipeline_overview(pipeline)
     assert [{k: b[k] for k in ("version", "batch_seq", *SHOWN)} for b in overview["batches"]] == expected
-    page = templates.get_template("index.html").render(
-        pipelines=[{**overview, "error": None, "dag_id": "oncemore_accounts"}], broken_configs={}, seconds=0.1)
+    page = templates.get_template("pipeline.html").render(  # the pipeline's page lists its batches
+        **pipeline_overview(pipeline, detail=True), error=None, dag_id="oncemore_accounts", charts={}, seconds=0.1)
     newest = page.split(f'<tr data-version="{expected[0]["version"]}">')[1].split("</tr>")[0]
     for c in SHOWN:
         assert f'<td class="{c}">{expected[0][c]}</td>' in newest, newest
 
     appends = make_pipeline(topic, name="orders")  # an append pipeline: its status and page as they were
     assert "upsert" not in status(appends)
-    page = templates.get_template("index.html").render(
-        pipelines=[{**pipeline_overview(appends), "error": None, "dag_id": "oncemore_orders"}], broken_configs={},
-        seconds=0.1)
+    page = templates.get_template("pipeline.html").render(
+        **pipeline_overview(appends, detail=True), error=None, dag_id="oncemore_orders", charts={}, seconds=0.1)
     assert "<th>written</th><th>quarantined</th>" in page and "inserted" not in page
 
 
