@@ -54,7 +54,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from devtools.processes import launch_detached, serve_main, stop_process, write_pid
+from devtools.processes import serve_main, serving, start_detached, stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
 KAFKA_DEVTOOLS = Path(__file__).resolve().parent / "kafka"
@@ -539,13 +539,7 @@ def _launch_kafka(command: list[str], root: Path, broker: DevBroker, seconds: fl
     with (broker.log_path.parent / "jvm.out").open("a") as output:
         process = subprocess.Popen(command, cwd=root, stdin=subprocess.DEVNULL, stdout=output,
                                    stderr=subprocess.STDOUT)
-    try:
-        _wait_kafka_ready(process, broker, seconds)
-    except BaseException:
-        process.kill()
-        process.wait(30)
-        raise
-    return process
+    return serving(process, lambda started: _wait_kafka_ready(started, broker, seconds))
 
 
 @atexit.register
@@ -701,15 +695,8 @@ def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90) 
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
     command = _kafka_command(java, kafka_jars_dir(), data_dir, None)
     broker = DevBroker(f"127.0.0.1:{port}", log_path=data_dir / "logs" / "server.log")
-    process = launch_detached(command, data_dir, data_dir / "logs" / "jvm.out")
-    try:
-        _wait_kafka_ready(process, broker, seconds)
-    except BaseException:
-        process.kill()
-        process.wait(30)
-        raise
-    write_pid(data_dir, process.pid)
-    return process.pid
+    return start_detached(command, data_dir, data_dir / "logs" / "jvm.out",
+                          lambda process: _wait_kafka_ready(process, broker, seconds))
 
 
 def detached_kafka_address(data_dir: Path) -> tuple[int, str]:

@@ -42,14 +42,31 @@ def default_data_dir(name: str) -> Path:
 def launch_detached(command: list[str], data_dir: Path, output: Path) -> subprocess.Popen:
     """Starts ``command`` in ``data_dir`` in a session of its own (no terminal's hangup or Ctrl-C
     reaches it), its stdin closed and its output appended to ``output``, so it holds none of the
-    caller's pipes; returns the process, whose pid ``write_pid`` records once it serves."""
+    caller's pipes; returns the process."""
     with output.open("a") as out:
         return subprocess.Popen(command, cwd=data_dir, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def write_pid(data_dir: Path, pid: int) -> None:
-    (data_dir / PID_FILE).write_text(f"{pid}\n")
+def serving(process: subprocess.Popen, wait_ready: Callable[[subprocess.Popen], None]) -> subprocess.Popen:
+    """``process`` once ``wait_ready(process)`` returns; killed and reaped if it raises (a server
+    that never came up leaves no process behind)."""
+    try:
+        wait_ready(process)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    return process
+
+
+def start_detached(command: list[str], data_dir: Path, output: Path,
+                   wait_ready: Callable[[subprocess.Popen], None]) -> int:
+    """Launches ``command`` detached (``launch_detached``) and, once it serves, records its pid in
+    ``data_dir``; returns the pid."""
+    process = serving(launch_detached(command, data_dir, output), wait_ready)
+    (data_dir / PID_FILE).write_text(f"{process.pid}\n")
+    return process.pid
 
 
 def running_pid(data_dir: Path) -> int | None:

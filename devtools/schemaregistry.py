@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from devtools.kafkabroker import free_port, setup_cache_dir
-from devtools.processes import launch_detached, serve_main, stop_process, write_pid
+from devtools.processes import serve_main, start_detached, stop_process
 
 REGISTRY_POM = Path(__file__).resolve().parent / "registry" / "pom.xml"
 # Measured on 2 cores shared with other work (load 7-9): from the JVM's start to a first answer
@@ -103,15 +103,8 @@ def start_detached_registry(data_dir: Path, port: int = 8081, seconds: float = 1
     properties = {**_registry_properties(port), "apicurio.datasource.url": f"jdbc:h2:file:{data_dir / 'db' / 'registry'}"}
     command = _registry_command(_registry_runner(), data_dir, properties)
     log_path = data_dir / "registry.log"
-    process = launch_detached(command, data_dir, log_path)
-    try:
-        _wait_serving(_ccompat_url(properties), process, log_path, None, seconds)
-    except BaseException:
-        process.kill()
-        process.wait(30)
-        raise
-    write_pid(data_dir, process.pid)
-    return process.pid
+    return start_detached(command, data_dir, log_path,
+                          lambda process: _wait_serving(_ccompat_url(properties), process, log_path, None, seconds))
 
 
 def detached_registry_address(data_dir: Path) -> tuple[int, str]:
