@@ -24,7 +24,14 @@ from oncemore.run import runner
 
 pytestmark = pytest.mark.spark
 HOUR = 3_600_000
-BASE = int(datetime(2026, 11, 20, tzinfo=timezone.utc).timestamp() * 1000)
+# Yesterday's midnight (UTC): backdated, yet within the broker's 7 days of time retention, which
+# deletes a closed segment of older records (a far-future record rolls one) whatever the test meant.
+BASE_TIME = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+BASE = int(BASE_TIME.timestamp() * 1000)
+
+
+def iso(at_ms: int) -> str:
+    return datetime.fromtimestamp(at_ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def at(hour: float) -> OffsetBound:
@@ -58,7 +65,7 @@ def test_backdated_records_inside_transactions_end_each_range_at_its_first_newer
 def test_a_start_by_timestamp_also_skips_markers_to_the_first_data_record(broker, topic, make_pipeline, spark):
     hours = [broker.produce(topic, [(i % 3, None, order(h * 100 + i), BASE + h * HOUR + i) for i in range(9)],
                             transactional_id="backfill") for h in range(3)]
-    pipeline = make_pipeline(topic, source={"starting_offsets": {"timestamp": "2026-11-20T01:00:00Z"}})
+    pipeline = make_pipeline(topic, source={"starting_offsets": {"timestamp": iso(BASE + HOUR)}})
     runner.run(pipeline, until=at(2), spark_factory=lambda: spark)
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), hours[1])
 
@@ -89,7 +96,7 @@ def test_a_future_stamped_record_blocking_older_ones_fails_the_run_naming_them(b
         runner.run(pipeline, until=at(1), spark_factory=lambda: spark)
     message = str(stalled.value)
     assert f"{topic}/0: the record at offset {blocker[0][1]} (the position) is stamped 2100-01-01T00:00:00Z" in message
-    assert f"offset {behind[0][1]} behind it is stamped 2026-11-20T00:40:00Z" in message
+    assert f"offset {behind[0][1]} behind it is stamped {iso(BASE + 40 * 60_000)}" in message
     assert f"pipeline orders: {topic}/0:" in message and "--until latest" in message
     assert stalled.value.evidence["position"] == blocker[0][1]
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), first)
