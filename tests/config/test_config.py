@@ -73,6 +73,8 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("format.schema", "id BIGINT, _kafka_offset BIGINT", "format.schema", "reserved"),
         ("source.starting_offsets", "yesterday", "source.starting_offsets", "ISO-8601"),
         ("sink.quarantine_uri", "/data/delta/orders", "sink.quarantine_uri", "must differ"),
+        ("sink.quarantine_uri", "/data/x/../delta/./orders/", "sink.quarantine_uri", "must differ"),
+        ("sink.tombstones_uri", "/data/delta/./orders", "sink.tombstones_uri", "must differ"),
         ("sink.partition_by", ["nope"], "sink.partition_by", "not a column"),
         ("sink.partition_by", ["amount"], "sink.partition_by", "has type double"),
         ("fail_on_data_loss", "yes", "fail_on_data_loss", "must be true or false, got a string"),

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from oncemore.config.model import Pipeline
 from oncemore.config.values import ConfigError, option_text
 from oncemore.core.clientfiles import resolve_relative
+from oncemore.core.storage import table_key
 from oncemore.core.suggest import closest
 
 PIPELINES_DIR_ENV = "ONCEMORE_PIPELINES_DIR"
@@ -110,7 +111,7 @@ def shared_tables(pipelines: list[Pipeline]) -> dict[str, ConfigError]:
     owners: dict[str, list[tuple[Pipeline, str]]] = {}
     for pipeline in pipelines:
         for key, uri in (("sink.table_uri", pipeline.sink.table_uri), ("sink.quarantine_uri", pipeline.sink.quarantine_uri)):
-            owners.setdefault(_table_key(uri), []).append((pipeline, key))
+            owners.setdefault(table_key(uri), []).append((pipeline, key))
     errors: dict[str, ConfigError] = {}
     for users in owners.values():
         for pipeline, key in users:
@@ -119,10 +120,6 @@ def shared_tables(pipelines: list[Pipeline]) -> dict[str, ConfigError]:
                 errors[pipeline.origin] = ConfigError(pipeline.origin, key, f"is also the table of pipeline {', '.join(others)}; "
                                                                      "a table belongs to one pipeline")
     return errors
-
-
-def _table_key(uri: str) -> str:
-    return (uri if "://" in uri else str(Path(uri).expanduser().resolve())).rstrip("/")
 
 
 def substitute_env(value: Any, source: str, environ: Mapping[str, str], path: str = "") -> Any:

@@ -41,6 +41,7 @@ from oncemore.config.values import (
 )
 from oncemore.core.columns import SchemaError, check_partition_by, decoded_schema, key_type
 from oncemore.core.redaction import redact
+from oncemore.core.storage import same_table
 
 
 class _Model(BaseModel):
@@ -149,11 +150,11 @@ class Sink(_Model):
     def _quarantine_apart(self) -> "Sink":
         if self.quarantine_uri is None:
             object.__setattr__(self, "quarantine_uri", self.table_uri.rstrip("/") + "_quarantine")
-        elif self.quarantine_uri.rstrip("/") == self.table_uri.rstrip("/"):
+        elif same_table(self.quarantine_uri, self.table_uri):
             raise key_problem("quarantine_uri", "must differ from table_uri")
         if self.tombstones_uri is None:
             object.__setattr__(self, "tombstones_uri", self.table_uri.rstrip("/") + "_tombstones")
-        elif self.tombstones_uri.rstrip("/") in {self.table_uri.rstrip("/"), self.quarantine_uri.rstrip("/")}:
+        elif same_table(self.tombstones_uri, self.table_uri) or same_table(self.tombstones_uri, self.quarantine_uri):
             raise key_problem("tombstones_uri", "must differ from table_uri and quarantine_uri")
         return self
 

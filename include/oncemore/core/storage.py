@@ -22,6 +22,15 @@ def table_location(table_uri: str) -> str:
     return table_uri if "://" in table_uri else str(Path(table_uri).expanduser().resolve())
 
 
+def table_key(table_uri: str) -> str:
+    """One text per table however its URI is spelt (``/d/t``, ``/d/./t/`` and ``/x/../d/t`` alike)."""
+    return table_location(table_uri).rstrip("/")
+
+
+def same_table(first: str, second: str) -> bool:
+    return table_key(first) == table_key(second)
+
+
 def filesystem(table_uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
     """pyarrow filesystem and root path of a table URI."""
     if "://" not in table_uri:
