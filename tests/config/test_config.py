@@ -141,8 +141,8 @@ def _blocks(model, prefix=""):
     for name, field in model.model_fields.items():
         inner = _model_of(field.annotation)
         if inner is not None:
-            listed = typing.get_origin(field.annotation) is tuple
-            found += _blocks(inner, f"{prefix}{field.alias or name}.{'0.' if listed else ''}")
+            item = {tuple: "0.", dict: "v."}.get(typing.get_origin(field.annotation), "")  # a list's first, a map's "v"
+            found += _blocks(inner, f"{prefix}{field.alias or name}.{item}")
     return found
 
 
@@ -151,17 +151,20 @@ def test_a_typo_in_any_block_is_an_unknown_key_listing_the_allowed_ones(tmp_path
 
     blocks = _blocks(Pipeline)
     assert {"", "source.", "sink.", "format.", "key.", "transform.", "expectations.0.", "limits.", "quarantine.",
-            "alert.", "maintenance.", "airflow."} <= set(blocks)
+            "alert.", "maintenance.", "airflow.", "routes.", "routes.tables.v.", "routes.tables.v.format."} <= set(blocks)
     for block in blocks:
         doc = yaml.safe_load(yaml.safe_dump(VALID))
         target = doc
         parts = block.rstrip(".").split(".") if block else []
         for i, key in enumerate(parts):
-            if key == "0":
+            if key in ("0", "v"):
                 continue
             if i + 1 < len(parts) and parts[i + 1] == "0":
                 target[key] = [{}]
                 target = target[key][0]
+            elif i + 1 < len(parts) and parts[i + 1] == "v":
+                target[key] = {"v": {}}
+                target = target[key]["v"]
             else:
                 target = target.setdefault(key, {})
         if block == "sink.catalog.":  # its keys depend on its type
@@ -426,3 +429,109 @@ def test_an_upsert_block_that_does_not_fit_the_pipeline_is_refused_naming_the_ke
     with pytest.raises(ConfigError) as error:
         load_pipeline(write(tmp_path, doc), ENV)
     assert (error.value.key, problem in error.value.problem) == (key, True), error.value
+
+
+ROUTED = {
+    "name": "events",
+    "source": {"bootstrap_servers": "kafka:9092", "topic": "events"},
+    "sink": {"quarantine_uri": "/data/delta/events_quarantine"},
+    "routes": {"by": "value.type", "tables": {
+        "created": {"table_uri": "/data/delta/created", "format": {"type": "json", "schema": "id BIGINT, type STRING"}},
+        "paid": {"table_uri": "/data/delta/paid", "format": {"type": "json", "schema": "id BIGINT, amount DOUBLE, day STRING"},
+                 "partition_by": ["day"]}}},
+}
+
+
+def routed(change: str, value):
+    doc = yaml.safe_load(yaml.safe_dump(ROUTED))
+    *parents, last = change.split(".")
+    target = doc
+    for key in parents:
+        target = target.setdefault(key, {})
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return doc
+
+
+def test_a_routed_pipeline_names_a_table_and_a_format_per_route(tmp_path):
+    pipeline = load_pipeline(write(tmp_path, ROUTED, "events"), ENV)
+    assert [(t.route, t.table_uri, t.format.ddl, t.partition_by, t.tag) for t in pipeline.tables] == [
+        ("created", "/data/delta/created", "id BIGINT, type STRING", (), "route:created"),
+        ("paid", "/data/delta/paid", "id BIGINT, amount DOUBLE, day STRING", ("day",), "route:paid")]
+    assert pipeline.format is None and pipeline.sink.table_uri is None and pipeline.routes.unrouted == "quarantine"
+    for by, parsed in (("value.type", ("value", ("type",), None)), ("value.meta.kind", ("value", ("meta", "kind"), None)),
+                       ("headers['event_type']", ("header", (), "event_type")), ('headers["a b"]', ("header", (), "a b")),
+                       ("key", ("key", (), None))):
+        doc = routed("routes.by", by)
+        if not by.startswith("value"):  # the others read no value: any format will do
+            doc["routes"]["tables"]["created"]["format"] = {"type": "raw"}
+        found = load_pipeline(write(tmp_path, doc, "events"), ENV).routes.parsed_by
+        assert (found.kind, found.path, found.name) == parsed and str(found) == by.replace('"', "'")
+
+
+@pytest.mark.parametrize(
+    "change, value, key, problem",
+    [
+        ("format", {"type": "json", "schema": "id BIGINT"}, "format", "does not apply with routes"),
+        ("sink.table_uri", "/data/delta/events", "sink.table_uri", "does not apply with routes"),
+        ("sink.quarantine_uri", KeyError, "sink.quarantine_uri", "is required with routes"),
+        ("sink.partition_by", ["type"], "sink.partition_by", "set it per route"),
+        ("upsert", {"keys": ["id"]}, "upsert", "does not apply with routes"),
+        ("transform", "SELECT * FROM records", "transform", "does not apply with routes"),
+        ("expectations", [{"name": "x", "check": "id > 0"}], "expectations", "does not apply with routes"),
+        ("routes.by", "value", "routes.by", "must be value.<field>"),
+        ("routes.by", "headers[event_type]", "routes.by", "headers['<name>']"),
+        ("routes.unrouted", "drop", "routes.unrouted", "'quarantine' or 'skip'"),
+        ("routes.tables", {}, "routes.tables", "at least 1"),
+        ("routes.tables.paid.table_uri", "/data/delta/created/", "routes.tables.paid.table_uri",
+         "is also the table of route created"),
+        ("routes.tables.paid.table_uri", "/data/delta/events_quarantine", "routes.tables.paid.table_uri",
+         "must differ from sink.quarantine_uri"),
+        ("routes.tables.paid.format", {"type": "raw"}, "routes.tables.paid.format",
+         "by: value.type reads the values as JSON"),
+        ("routes.tables.paid.format", {"type": "json", "schema": "id BIGINT", "confluent_framing": True},
+         "routes.tables", "confluent_framing must be the same"),
+        ("routes.tables.paid.partition_by", ["amount"], "routes.tables.paid.partition_by", "has type double"),
+        ("routes.tables.paid.format", {"type": "json", "schema": "key STRING"}, "routes.tables.paid.format.schema",
+         "which the record's key takes"),
+        ("routes.tables.paid.tabel_uri", "x", "routes.tables.paid.tabel_uri", "unknown key"),
+    ],
+)
+def test_invalid_routes_name_the_key(tmp_path, change, value, key, problem):
+    doc = routed(change, value)
+    if change == "routes.tables.paid.format" and "key" in str(value):
+        doc["key"] = {"type": "string"}
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc, "events"), ENV)
+    assert (error.value.key, problem in error.value.problem) == (key, True), error.value
+
+
+def test_registered_routes_each_name_their_subject_and_share_one_registry(tmp_path):
+    registry = {"url": "http://registry:8081", "basic.auth.user.info": "${KAFKA_PASSWORD}"}
+    doc = routed("routes.by", "headers['type']")
+    for value in ("created", "paid"):
+        doc["routes"]["tables"][value]["format"] = {"type": "avro", "schema_registry": registry,
+                                                    "subject": f"events-{value}"}
+    pipeline = load_pipeline(write(tmp_path, doc, "events"), ENV)
+    assert "hunter2" not in str(pipeline.redacted())  # each route's registry settings are masked
+    del doc["routes"]["tables"]["paid"]["format"]["subject"]
+    with pytest.raises(ConfigError) as error:
+        load_pipeline(write(tmp_path, doc, "events"), ENV)
+    assert error.value.key == "routes.tables.paid.format.subject"
+    doc["routes"]["tables"]["paid"]["format"] = {"type": "avro", "subject": "events-paid",
+                                                 "schema_registry": {"url": "http://elsewhere:8081"}}
+    with pytest.raises(ConfigError, match="every route reads the same schema registry"):
+        load_pipeline(write(tmp_path, doc, "events"), ENV)
+
+
+def test_a_route_table_that_is_another_pipelines_table_flags_both(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    write(tmp_path, VALID)
+    write(tmp_path, routed("routes.tables.paid.table_uri", "/data/delta/orders"), name="events")
+    loaded, broken = load_all(tmp_path)
+    assert not loaded
+    assert "routes.tables.paid.table_uri: is also the table of pipeline orders" in str(broken[str(tmp_path / "events.yaml")])
+    assert "sink.table_uri: is also the table of pipeline events" in str(broken[str(tmp_path / "orders.yaml")])

@@ -1,5 +1,5 @@
-"""The ``format`` and ``key`` blocks of a pipeline file: how a record's value or key is decoded,
-checked as the file loads (decode/ reads records by it)."""
+"""The ``format`` and ``key`` blocks of a pipeline file (and each route's ``format``): how a
+record's value or key is decoded, checked as the file loads (decode/ reads records by it)."""
 
 from __future__ import annotations
 

@@ -106,11 +106,12 @@ def broken_line(path: str, problem: ConfigError) -> str:
 
 
 def shared_tables(pipelines: list[Pipeline]) -> dict[str, ConfigError]:
-    """By file, the pipelines whose main or quarantine table is also another pipeline's table, with
-    the error naming the other: two pipelines planning into one table would duplicate records."""
+    """By file, the pipelines whose main (or route) or quarantine table is also another pipeline's
+    table, with the error naming the other: two pipelines planning into one table would duplicate records."""
     owners: dict[str, list[tuple[Pipeline, str]]] = {}
     for pipeline in pipelines:
-        for key, uri in (("sink.table_uri", pipeline.sink.table_uri), ("sink.quarantine_uri", pipeline.sink.quarantine_uri)):
+        tables = [(t.setting, t.table_uri) for t in pipeline.tables] + [("sink.quarantine_uri", pipeline.sink.quarantine_uri)]
+        for key, uri in tables:
             owners.setdefault(table_key(uri), []).append((pipeline, key))
     errors: dict[str, ConfigError] = {}
     for users in owners.values():
@@ -172,6 +173,11 @@ def _files_resolved(document: dict, base: Path) -> dict:
     for block, options in blocks:
         if isinstance(document.get(block), dict) and isinstance(document[block].get(options), dict):
             document[block] = {**document[block], options: resolve_relative(document[block][options], base)}
+    routes = document.get("routes")
+    if isinstance(routes, dict) and isinstance(routes.get("tables"), dict):
+        document["routes"] = {**routes, "tables": {
+            value: _files_resolved(route, base) if isinstance(route, dict) else route
+            for value, route in routes["tables"].items()}}
     return document
 
 

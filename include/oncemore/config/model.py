@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from oncemore.config.catalog import Catalog
 from oncemore.config.formats import Format
+from oncemore.config.routes import DataTable, Routes
 from oncemore.config.upsert import Upsert
 from oncemore.config.values import (
     Cron,
@@ -116,8 +117,10 @@ class Source(_Model):
 class Sink(_Model):
     """Where records go: the main table and the quarantine table for records that cannot be stored."""
 
-    table_uri: StrictStr = Field(min_length=1)
-    quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'")
+    table_uri: StrictStr | None = Field(default=None, min_length=1,
+                                        description="the table (with routes: none, each route names its own)")
+    quarantine_uri: StrictStr | None = Field(default=None, description="defaults to table_uri + '_quarantine'; with "
+                                                                       "routes, required: the quarantine of every route")
     tombstones_uri: StrictStr | None = Field(
         default=None, description="upsert with sequence_by: the deletes kept against late events; defaults to "
                                   "table_uri + '_tombstones'")
@@ -134,9 +137,13 @@ class Sink(_Model):
 
     @model_validator(mode="after")
     def _safe_commits_on_s3(self) -> "Sink":
-        # S3 has no atomic put-if-absent rename: two writers could both "win" a commit. delta-rs
-        # commits safely with a conditional put (ETag) or a DynamoDB lock; never the unsafe rename.
-        if urlsplit(self.table_uri).scheme not in ("s3", "s3a"):
+        return self.safe_on_s3(self.table_uri, self.quarantine_uri)
+
+    def safe_on_s3(self, *uris: str | None) -> "Sink":
+        """S3 has no atomic put-if-absent rename: two writers could both "win" a commit. delta-rs
+        commits safely with a conditional put (ETag) or a DynamoDB lock; never the unsafe rename.
+        Checked when one of ``uris`` (the tables) is on S3; the conditional put set when neither is."""
+        if not any(uri and urlsplit(uri).scheme in ("s3", "s3a") for uri in uris):
             return self
         options = {k.upper(): v for k, v in self.storage_options.items()}
         if options.get("AWS_S3_ALLOW_UNSAFE_RENAME", "false").lower() == "true":
@@ -148,6 +155,8 @@ class Sink(_Model):
 
     @model_validator(mode="after")
     def _quarantine_apart(self) -> "Sink":
+        if self.table_uri is None:  # routes: each route's table (Pipeline._routed checks them)
+            return self
         if self.quarantine_uri is None:
             object.__setattr__(self, "quarantine_uri", self.table_uri.rstrip("/") + "_quarantine")
         elif same_table(self.quarantine_uri, self.table_uri):
@@ -263,7 +272,10 @@ class Pipeline(_Model):
                                           "directory, the file's name")
     source: Source
     sink: Sink
-    format: Format
+    format: Format | None = Field(default=None, description="how record values are decoded (with routes: none, each "
+                                                            "route has its own)")
+    routes: Routes | None = Field(default=None, description="one topic into several tables: {by, tables: {value: "
+                                                            "{table_uri, format}}, unrouted}")
     key: Format | None = Field(default=None, description="how record keys are decoded into column `key` (raw: "
                                                          "BINARY); no key column when absent, but for format raw")
     headers: StrictBool = Field(default=False, description="add column headers ARRAY<STRUCT<key: STRING, value: "
@@ -300,25 +312,78 @@ class Pipeline(_Model):
         return self
 
     @model_validator(mode="after")
+    def _one_way_to_tables(self) -> "Pipeline":
+        """A pipeline writes one table (``format``, ``sink.table_uri``) or routes its records into
+        several (``routes``, and ``sink.quarantine_uri`` for all of them)."""
+        sink = self.sink
+        if self.routes is None:
+            for key, value in (("format", self.format), ("sink.table_uri", sink.table_uri)):
+                if value is None:
+                    raise key_problem(key, "is required (or routes, which names a table and a format per route)")
+            return self
+        for key, given, instead in (
+                ("format", self.format is not None, "each route has its own: routes.tables.<value>.format"),
+                ("sink.table_uri", sink.table_uri is not None, "each route has its own: routes.tables.<value>.table_uri"),
+                ("sink.tombstones_uri", sink.tombstones_uri is not None, "it is an upsert's, and routes append"),
+                ("sink.partition_by", bool(sink.partition_by), "set it per route: routes.tables.<value>.partition_by"),
+                ("upsert", self.upsert is not None, "a route table is appended to; upserts by key need a table of "
+                                                     "their own pipeline"),
+                ("transform", self.transform is not None, "each route's records have their own columns; routed "
+                                                          "records are decoded and written without Spark SQL"),
+                ("expectations", bool(self.expectations), "each route's records have their own columns; routed "
+                                                          "records are decoded and written without Spark SQL")):
+            if given:
+                raise key_problem(key, f"does not apply with routes: {instead}")
+        if sink.quarantine_uri is None:
+            raise key_problem("sink.quarantine_uri", "is required with routes: the quarantine of every route's "
+                                                     "malformed records and of the unrouted ones")
+        for value, route in self.routes.tables.items():
+            if route.table_uri.rstrip("/") == sink.quarantine_uri.rstrip("/"):
+                raise key_problem(f"routes.tables.{value}.table_uri", "must differ from sink.quarantine_uri")
+        sink.safe_on_s3(*(t.table_uri for t in self.tables))
+        return self
+
+    @model_validator(mode="after")
     def _records_shape(self) -> "Pipeline":
         if self.key is not None and self.key.confluent_framing is False and self.key.type == "json" and not self.key.ddl:
             raise key_problem("key.schema", "is required for json")
-        names = [f.name.lower() for f in self.format.declared or []]
-        for column, taken in (("key", self.key is not None or self.format.type == "raw"), ("headers", self.headers)):
-            if taken and column in names:
-                raise key_problem("format.schema", f"declares a column {column!r}, which the record's {column} takes")
+        for table in self.tables:
+            where = "format" if table.route is None else f"routes.tables.{table.route}.format"
+            names = [f.name.lower() for f in table.format.declared or []]
+            for column, taken in (("key", self.key is not None or table.format.type == "raw"), ("headers", self.headers)):
+                if taken and column in names:
+                    raise key_problem(f"{where}.schema", f"declares a column {column!r}, which the record's {column} "
+                                                         "takes")
         names = {e.name for e in self.expectations}
         if len(names) != len(self.expectations):
             raise key_problem("expectations", "names an expectation twice")
         if self.upsert is not None:
             self.upsert.check_fits(self.format, self.sink.partition_by, self.transform is not None or
                                    bool(self.expectations))
-        if self.static_columns() is not None:
-            try:
-                check_partition_by(self.static_columns(), self.sink.partition_by)
-            except SchemaError as exc:
-                raise key_problem("sink.partition_by", str(exc)) from None
+        for table in self.tables:
+            columns = self.static_columns(table)
+            if columns is not None:
+                try:
+                    check_partition_by(columns, table.partition_by)
+                except SchemaError as exc:
+                    where = "sink" if table.route is None else f"routes.tables.{table.route}"
+                    raise key_problem(f"{where}.partition_by", str(exc)) from None
         return self
+
+    @property
+    def tables(self) -> tuple[DataTable, ...]:
+        """The tables the pipeline's records land in, the quarantine table aside: the main table, or
+        one per route (in the file's order)."""
+        if self.routes is None:
+            return (DataTable(None, self.sink.table_uri, self.format, self.sink.partition_by),)
+        return tuple(DataTable(value, route.table_uri, route.format, route.partition_by)
+                     for value, route in self.routes.tables.items())
+
+    @property
+    def main(self) -> DataTable:
+        """The one table of a pipeline without routes."""
+        assert self.routes is None, "a routed pipeline has a table per route"
+        return self.tables[0]
 
     @property
     def origin(self) -> str:
@@ -331,13 +396,13 @@ class Pipeline(_Model):
         columns are Spark SQL): else they stay in the Python workers, decoded and written in one pass."""
         return self.transform is not None or bool(self.expectations) or self.upsert is not None
 
-    def static_columns(self) -> pa.Schema | None:
-        """The table's columns when the config alone tells them (no registry, no transform)."""
-        if self.shapes_in_spark or self.format.type in ("avro", "protobuf") or (
+    def static_columns(self, table: DataTable) -> pa.Schema | None:
+        """``table``'s columns when the config alone tells them (no registry, no transform)."""
+        fmt = table.format
+        if self.shapes_in_spark or fmt.type in ("avro", "protobuf") or (
                 self.key is not None and self.key.type in ("avro", "protobuf")):
             return None
-        return decoded_schema(self.format.type, self.format.declared, key_type(self.key, self.format.type,
-                                                                               self.key.declared if self.key else None),
+        return decoded_schema(fmt.type, fmt.declared, key_type(self.key, fmt.type, self.key.declared if self.key else None),
                               self.headers)
 
     def redacted(self) -> dict[str, Any]:
@@ -345,9 +410,11 @@ class Pipeline(_Model):
         shown = self.model_dump(mode="json", by_alias=True)
         shown["source"]["kafka_options"] = redact("kafka", self.source.kafka_options)
         shown["sink"]["storage_options"] = redact("storage", self.sink.storage_options)
-        for block in ("format", "key"):
-            if shown.get(block) and shown[block].get("schema_registry") is not None:
-                shown[block]["schema_registry"] = redact("registry", shown[block]["schema_registry"])
+        blocks = [shown.get("format"), shown.get("key")]
+        blocks += [route["format"] for route in ((shown.get("routes") or {}).get("tables") or {}).values()]
+        for block in blocks:
+            if block and block.get("schema_registry") is not None:
+                block["schema_registry"] = redact("registry", block["schema_registry"])
         return shown
 
 
