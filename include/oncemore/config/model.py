@@ -29,7 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from oncemore.config.catalog import Catalog
 from oncemore.config.formats import Format
-from oncemore.config.routes import DataTable, Routes
+from oncemore.config.routes import DataTable, Routes, check_tables
 from oncemore.config.upsert import Upsert
 from oncemore.config.values import (
     Cron,
@@ -313,34 +313,7 @@ class Pipeline(_Model):
 
     @model_validator(mode="after")
     def _one_way_to_tables(self) -> "Pipeline":
-        """A pipeline writes one table (``format``, ``sink.table_uri``) or routes its records into
-        several (``routes``, and ``sink.quarantine_uri`` for all of them)."""
-        sink = self.sink
-        if self.routes is None:
-            for key, value in (("format", self.format), ("sink.table_uri", sink.table_uri)):
-                if value is None:
-                    raise key_problem(key, "is required (or routes, which names a table and a format per route)")
-            return self
-        for key, given, instead in (
-                ("format", self.format is not None, "each route has its own: routes.tables.<value>.format"),
-                ("sink.table_uri", sink.table_uri is not None, "each route has its own: routes.tables.<value>.table_uri"),
-                ("sink.tombstones_uri", sink.tombstones_uri is not None, "it is an upsert's, and routes append"),
-                ("sink.partition_by", bool(sink.partition_by), "set it per route: routes.tables.<value>.partition_by"),
-                ("upsert", self.upsert is not None, "a route table is appended to; upserts by key need a table of "
-                                                     "their own pipeline"),
-                ("transform", self.transform is not None, "each route's records have their own columns; routed "
-                                                          "records are decoded and written without Spark SQL"),
-                ("expectations", bool(self.expectations), "each route's records have their own columns; routed "
-                                                          "records are decoded and written without Spark SQL")):
-            if given:
-                raise key_problem(key, f"does not apply with routes: {instead}")
-        if sink.quarantine_uri is None:
-            raise key_problem("sink.quarantine_uri", "is required with routes: the quarantine of every route's "
-                                                     "malformed records and of the unrouted ones")
-        for value, route in self.routes.tables.items():
-            if route.table_uri.rstrip("/") == sink.quarantine_uri.rstrip("/"):
-                raise key_problem(f"routes.tables.{value}.table_uri", "must differ from sink.quarantine_uri")
-        sink.safe_on_s3(*(t.table_uri for t in self.tables))
+        check_tables(self)
         return self
 
     @model_validator(mode="after")

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from oncemore.config.formats import Format
 from oncemore.config.values import key_problem
 from oncemore.core.storage import same_table, table_key
+
+if TYPE_CHECKING:
+    from oncemore.config.model import Pipeline
 
 # The forms of ``by``: value.a.b (JSON field names without dots, quotes or brackets), headers['x'], key.
 _VALUE_PATH = re.compile(r"^value((?:\.[^.\s\[\]'\"]+)+)$")
@@ -151,3 +154,35 @@ class DataTable:
     def describe(self) -> str:
         """The table as a line names it: its location, and its route."""
         return self.table_uri if self.route is None else f"{self.table_uri} (route {self.route})"
+
+
+def check_tables(pipeline: "Pipeline") -> None:
+    """A pipeline writes one table (``format``, ``sink.table_uri``) or routes its records into
+    several (``routes``, and ``sink.quarantine_uri`` for all of them): the other way's keys are
+    refused, naming them."""
+    sink = pipeline.sink
+    if pipeline.routes is None:
+        for key, value in (("format", pipeline.format), ("sink.table_uri", sink.table_uri)):
+            if value is None:
+                raise key_problem(key, "is required (or routes, which names a table and a format per route)")
+        return
+    for key, given, instead in (
+            ("format", pipeline.format is not None, "each route has its own: routes.tables.<value>.format"),
+            ("sink.table_uri", sink.table_uri is not None, "each route has its own: routes.tables.<value>.table_uri"),
+            ("sink.tombstones_uri", sink.tombstones_uri is not None, "it is an upsert's, and routes append"),
+            ("sink.partition_by", bool(sink.partition_by), "set it per route: routes.tables.<value>.partition_by"),
+            ("upsert", pipeline.upsert is not None, "a route table is appended to; upserts by key need a table of "
+                                                     "their own pipeline"),
+            ("transform", pipeline.transform is not None, "each route's records have their own columns; routed "
+                                                          "records are decoded and written without Spark SQL"),
+            ("expectations", bool(pipeline.expectations), "each route's records have their own columns; routed "
+                                                          "records are decoded and written without Spark SQL")):
+        if given:
+            raise key_problem(key, f"does not apply with routes: {instead}")
+    if sink.quarantine_uri is None:
+        raise key_problem("sink.quarantine_uri", "is required with routes: the quarantine of every route's "
+                                                 "malformed records and of the unrouted ones")
+    for value, route in pipeline.routes.tables.items():
+        if route.table_uri.rstrip("/") == sink.quarantine_uri.rstrip("/"):
+            raise key_problem(f"routes.tables.{value}.table_uri", "must differ from sink.quarantine_uri")
+    sink.safe_on_s3(*(t.table_uri for t in pipeline.tables))
