@@ -104,7 +104,13 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"oncemore: error: {path}: source.surprise: unknown key (allowed: bootstrap_servers, kafka_options, "
-        "stall_timeout_seconds, starting_offsets, topic, topic_pattern, topics); sink: is required; format: is required")
+        "stall_timeout_seconds, starting_offsets, topic, topic_pattern, topics); sink: is required")
+    # format (or routes) is checked once the rest holds: a file without one says so.
+    path.write_text("name: orders\nsource: {bootstrap_servers: x, topic: t}\nsink: {table_uri: /tmp/t}\n")
+    result = oncemore("plan", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"oncemore: error: {path}: format: is required"), \
+        result.stderr
 
 
 def test_unknown_pipeline_and_bad_until(tmp_path, broker, topic, make_pipeline):

@@ -66,9 +66,9 @@ def test_a_worker_decoding_json_never_imports_the_registry_client():
 import sys
 import pyarrow as pa
 from oncemore.decode.recordspec import FormatSpec, RecordSpec
-from oncemore.run.tasks import TaskSpec
-spec = TaskSpec(RecordSpec(FormatSpec("json", ddl="id BIGINT"), None, False), pa.schema([("id", pa.int64())]),
-                "/t", "/q", (), {})
+from oncemore.run.taskspec import TaskSpec
+spec = TaskSpec.single(RecordSpec(FormatSpec("json", ddl="id BIGINT"), None, False), pa.schema([("id", pa.int64())]),
+                       "/t", "/q", (), {})
 decoded = spec.decoder().decode(pa.table({
     "key": pa.array([None], pa.binary()), "value": pa.array([b'{"id": 7}']), "topic": ["t"],
     "partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),

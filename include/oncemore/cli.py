@@ -350,8 +350,8 @@ def _maintain(pipeline: Pipeline, _args) -> int:
 def _list(_pipeline: None, _args) -> int:
     pipelines, broken = load_all()
     for pipeline in pipelines:
-        print(f"{pipeline.name}: {pipeline.source.describe_subscription()} -> {pipeline.sink.table_uri} "
-              f"({pipeline.origin})")
+        tables = ", ".join(t.describe() for t in pipeline.tables)  # the main table, or each route's: "uri (route v)"
+        print(f"{pipeline.name}: {pipeline.source.describe_subscription()} -> {tables} ({pipeline.origin})")
     for path, problem in sorted(broken.items()):
         print(broken_line(path, problem))
     return EXIT_FAILURE if broken else 0

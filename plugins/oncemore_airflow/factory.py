@@ -34,9 +34,15 @@ def maintenance_dag_id(pipeline_name: str) -> str:
     return f"oncemore_maintain__{pipeline_name}"
 
 
-def table_asset(pipeline: Pipeline) -> Asset:
-    location = table_location(pipeline.sink.table_uri)
-    return Asset(name=f"oncemore/{pipeline.name}", uri=location if "://" in location else f"file://{location}")
+def table_assets(pipeline: Pipeline) -> list[Asset]:
+    """The ingest task's outlets: an Asset per table records land in, the main table's
+    (``oncemore/<pipeline>``) or each route's (``oncemore/<pipeline>/<route>``)."""
+    assets = []
+    for table in pipeline.tables:
+        location = table_location(table.table_uri)
+        name = f"oncemore/{pipeline.name}" + ("" if table.route is None else f"/{table.route}")
+        assets.append(Asset(name=name, uri=location if "://" in location else f"file://{location}"))
+    return assets
 
 
 def check_schedulable(pipeline: Pipeline) -> None:
@@ -83,10 +89,10 @@ def build_dag(pipeline: Pipeline) -> DAG:
         plan = OncemorePlanOperator(task_id="plan", **common)
         if settings.spark_connect_conn_id:
             ingest = OncemoreConnectIngestOperator(task_id="ingest", spark_connect_conn_id=settings.spark_connect_conn_id,
-                                                   outlets=[table_asset(pipeline)], **common, **spark)
+                                                   outlets=table_assets(pipeline), **common, **spark)
         else:
             ingest = OncemoreIngestOperator(task_id="ingest", conn_id=settings.spark_conn_id,
-                                            name=f"oncemore-{pipeline.name}", outlets=[table_asset(pipeline)], **common,
+                                            name=f"oncemore-{pipeline.name}", outlets=table_assets(pipeline), **common,
                                             **spark)
         report = OncemoreReportOperator(task_id="report", **common)
         plan >> ingest >> report
@@ -109,7 +115,7 @@ def build_maintenance_dag(pipeline: Pipeline) -> DAG:
                       "retry_delay": timedelta(minutes=settings.retry_delay_minutes)},
         doc_md=(f"### oncemore maintenance of `{pipeline.name}`\n\nCompacts small files into files of about "
                 f"{pipeline.maintenance.target_file_size_mb} MB, writes a checkpoint and vacuums files older than "
-                f"{pipeline.maintenance.vacuum_retention_hours} h in `{pipeline.sink.table_uri}` and its quarantine "
+                f"{pipeline.maintenance.vacuum_retention_hours} h in {_tables_text(pipeline)} and its quarantine "
                 f"table. Positions (txn actions) are kept; ingestion may run at the same time."
                 + (f"\n\nOn `{pipeline.maintenance.verify}`, `verify` audits exactly-once from the tables "
                    "(`oncemore verify`) and fails on a discrepancy." if pipeline.maintenance.verify != "off" else "")),
@@ -129,13 +135,21 @@ def _spark_pool(pipeline: Pipeline) -> dict[str, str]:
     return {"pool": pipeline.airflow.pool} if pipeline.airflow.pool else {}
 
 
+def _tables_text(pipeline: Pipeline) -> str:
+    return ", ".join(f"`{t.table_uri}`" for t in pipeline.tables)
+
+
 def _doc(pipeline: Pipeline) -> str:
-    fmt = pipeline.format.type + (f" (`{pipeline.format.ddl}`)" if pipeline.format.ddl else "")
+    formats = "\n".join(
+        f"- {'format' if t.route is None else f'route `{t.route}` -> `{t.table_uri}`, format'}: {t.format.type}"
+        + (f" (`{t.format.ddl}`)" if t.format.ddl else "") for t in pipeline.tables)
+    into = (f"Delta table `{pipeline.sink.table_uri}`" if pipeline.routes is None else
+            f"a Delta table per route (routed by `{pipeline.routes.by}`, unrouted records: {pipeline.routes.unrouted})")
     return (
         f"### oncemore pipeline `{pipeline.name}`\n\n"
-        f"Exactly-once ingestion of Kafka {pipeline.source.describe_subscription()} into Delta table "
-        f"`{pipeline.sink.table_uri}` (quarantine: `{pipeline.sink.quarantine_uri}`).\n\n"
-        f"- format: {fmt}\n- schedule: `{pipeline.airflow.schedule}` (UTC data intervals)\n"
+        f"Exactly-once ingestion of Kafka {pipeline.source.describe_subscription()} into {into} "
+        f"(quarantine: `{pipeline.sink.quarantine_uri}`).\n\n"
+        f"{formats}\n- schedule: `{pipeline.airflow.schedule}` (UTC data intervals)\n"
         f"- starts new partitions at: {pipeline.source.starting_offsets.describe()}\n"
         f"- max records per commit: {pipeline.limits.max_records_per_commit}\n"
         f"- config: `{pipeline.origin}`\n\n"

@@ -87,7 +87,7 @@ def test_a_table_asking_writers_for_what_oncemore_does_not_do_is_refused_before_
         broker, topic, make_pipeline, spark, change, named):
     broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)
-    table = DeltaTable.create(pipeline.sink.table_uri, pipeline.static_columns())
+    table = DeltaTable.create(pipeline.sink.table_uri, pipeline.static_columns(pipeline.main))
     change(table)
     version = DeltaTable(pipeline.sink.table_uri).version()
 
@@ -242,6 +242,6 @@ def test_a_quarantine_table_asking_for_what_oncemore_does_not_do_is_refused_befo
 
     with pytest.raises(UnsupportedTable, match=re.escape(f"table {pipeline.sink.quarantine_uri} asks its writers for "
                                                          "what oncemore does not do: row tracking")):
-        ensure_tables(pipeline, pipeline.static_columns())
+        ensure_tables(pipeline, {"main": pipeline.static_columns(pipeline.main)})
     assert DeltaTable(pipeline.sink.quarantine_uri).version() == 1
     assert not Path(pipeline.sink.table_uri).exists()

@@ -34,7 +34,8 @@ from oncemore.decode.recordspec import FormatSpec, RecordSpec
 from oncemore.decode.registry import Registry, RegistryError
 from oncemore.decode.rows import RecordDecoder
 from oncemore.kafka.batches import READ_SCHEMA
-from oncemore.run.tasks import TaskSpec, _RangeDecoding
+from oncemore.run.tasks import _RangeDecoding
+from oncemore.run.taskspec import TaskSpec
 
 UTC = datetime.timezone.utc
 ADDRESS = {"type": "record", "name": "Address", "fields": [{"name": "zip", "type": "string"}]}
@@ -377,11 +378,11 @@ def test_a_batch_ahead_in_its_key_and_later_in_its_value_stops_at_the_earlier_of
         def stop_at(self, offset):
             self.reached = offset
 
-    task = TaskSpec(spec, pa.schema([]), str(tmp_path / "main"), str(tmp_path / "quarantine"), (), {f"{topic}/0": 0},
-                    {}, settings, settings)
-    decoding = _RangeDecoding(Range(), task, task.decoder(), False, task.quarantine_writer())
+    task = TaskSpec.single(spec, pa.schema([]), str(tmp_path / "main"), str(tmp_path / "quarantine"), (),
+                           {f"{topic}/0": 0}, {}, settings, settings)
+    decoding = _RangeDecoding(Range(), task, task.decoders(), False, task.quarantine_writer())
     rows = list(decoding.rows())
-    assert [r["id"] for t in rows for r in t.to_pylist()] == [0, 1]
+    assert [r["id"] for _, t in rows for r in t.to_pylist()] == [0, 1]
     assert AheadRecord.parse(decoding.schema_ahead) == AheadRecord("value", ahead.value.schema_id, topic, 0, 12)
 
 

@@ -297,6 +297,32 @@ def test_hourly_runs_ingest_exactly_their_interval(airflow_db, broker, topic, ma
     assert sorted(landed) == sorted(records), "every record produced landed in its own interval"
 
 
+def test_a_routed_pipeline_runs_its_interval_into_each_route_table_with_an_asset_per_table(
+        airflow_db, broker, topic, make_pipeline, tmp_path):
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    for back in (2, 1):  # two past hours of events, stamped with their event time
+        start_ms = int((hour - back * HOUR).timestamp() * 1000)
+        broker.produce(topic, [(i % 3, None, json.dumps({"id": back * 100 + i, "type": ("created", "paid")[i % 2]}).encode(),
+                                start_ms + i * 90_000) for i in range(30)])
+    records = stamps(broker, topic)
+    uris = {v: str(tmp_path / "delta" / f"events_{v}") for v in ("created", "paid")}
+    routes = {"by": "value.type", "tables": {v: {"table_uri": uri, "format": {"type": "json", "schema": "id BIGINT, type STRING"}}
+                                             for v, uri in uris.items()}}
+    pipeline = make_pipeline(topic, name="events", format=None, routes=routes,
+                             sink={"table_uri": None, "quarantine_uri": str(tmp_path / "delta" / "events_quarantine")},
+                             airflow=airflow_section(start_date=(hour - 2 * HOUR).isoformat()))
+
+    dag = build_dag(pipeline)
+    assert [(a.name, a.uri) for a in dag.get_task("ingest").outlets] == [
+        ("oncemore/events/created", f"file://{uris['created']}"), ("oncemore/events/paid", f"file://{uris['paid']}")]
+    assert "routed by `value.type`" in dag.doc_md and f"route `paid` -> `{uris['paid']}`" in dag.doc_md
+    run = dag.test(logical_date=hour - HOUR)
+    assert run.state == "success", states(run)
+    interval = stamped_between(records, hour - 2 * HOUR, run.data_interval_end)
+    assert interval and len(interval) < len(records)
+    assert_exactly_once(read_pairs(uris["created"]) + read_pairs(uris["paid"]), interval)
+
+
 def test_backfill_in_order_ingests_each_slice_and_a_second_backfill_is_all_noops(airflow_db, broker, topic, make_pipeline):
     hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     produce_like_producers(broker, topic, hour)

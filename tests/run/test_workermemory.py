@@ -24,7 +24,7 @@ def test_both_kinds_of_task_read_their_ranges_with_the_collector_paused(task):
         yield from ()
 
     # A task with no range to read: TaskFiles asks the spec for its shared writers, and has none to close.
-    spec = SimpleNamespace(main_writer=lambda: None, quarantine_writer=lambda: None)
+    spec = SimpleNamespace(writers=lambda: {})
     assert list(task(ranges(), spec, None, {})) == []
     assert seen == [False] and gc.isenabled()
 

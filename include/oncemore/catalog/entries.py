@@ -1,6 +1,7 @@
 """What a pipeline's tables should be in its catalog (``sink.catalog``): one entry per Delta table
-that exists (the main table, its quarantine table, an upsert's tombstones table), named after
-``sink.catalog.table``, at the table's location, with the columns of the table's current schema.
+that exists (the main table or each route's, its quarantine table, an upsert's tombstones table),
+named after ``sink.catalog.table``, at the table's location, with the columns of the table's
+current schema.
 
 An entry is an external Delta table as delta-spark itself registers one in a Hive Metastore (and
 so in Glue, which Spark reaches through the same client): table parameter
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from oncemore.config.catalog import QUARANTINE_SUFFIX, TOMBSTONES_SUFFIX
+from oncemore.config.catalog import QUARANTINE_SUFFIX, TOMBSTONES_SUFFIX, catalog_name
 from oncemore.config.model import Pipeline
 from oncemore.core.storage import table_location
 from oncemore.plan.ledger import open_table
@@ -70,10 +71,11 @@ class Registered:
 
 
 def entries(pipeline: Pipeline) -> list[Entry]:
-    """The entries of the pipeline's tables that exist, main table first."""
+    """The entries of the pipeline's tables that exist, main table (or each route's) first."""
     sink, catalog = pipeline.sink, pipeline.sink.catalog
-    tables = [("table", sink.table_uri, catalog.table),
-              ("quarantine table", sink.quarantine_uri, catalog.table + QUARANTINE_SUFFIX)]
+    tables = [("table" if t.route is None else f"route {t.route} table", t.table_uri, catalog_name(catalog.table, t.route))
+              for t in pipeline.tables]
+    tables.append(("quarantine table", sink.quarantine_uri, catalog.table + QUARANTINE_SUFFIX))
     if pipeline.upsert is not None and pipeline.upsert.sequence_by is not None:
         tables.append(("tombstones table", sink.tombstones_uri, catalog.table + TOMBSTONES_SUFFIX))
     found = []

@@ -49,9 +49,10 @@ class GroupMirror:
         self.failure: str | None = None
         self._admin: AdminClient | None = None
 
-    def mirror(self, positions: Mapping[KafkaPartition, int], table_version: int) -> bool:
+    def mirror(self, positions: Mapping[KafkaPartition, int], table_version: int | str) -> bool:
         """Commits ``positions`` (next offset to read, per partition) as the group's offsets, each
-        with metadata naming the table version that holds it. True when the broker took them."""
+        with metadata naming the table version that holds it (with routes, each table's, as text).
+        True when the broker took them."""
         pipeline = self.pipeline
         if self.denied:
             return False
@@ -72,7 +73,7 @@ class GroupMirror:
             cause = f"{exc.args[0] if exc.args else exc}"
             self.failure = self.failure or (f"pipeline {pipeline.name}: could not mirror table version {table_version} "
                                             f"to consumer group {group_id(pipeline)}: {cause}")
-            log.warning("pipeline %s: could not mirror positions of %s (table version %d) to consumer group %s: %s; "
+            log.warning("pipeline %s: could not mirror positions of %s (table version %s) to consumer group %s: %s; "
                         "the table holds them, only lag tools lag", pipeline.name,
                         pipeline.source.describe_subscription(), table_version, group_id(pipeline), cause)
         return False

@@ -13,12 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
+from oncemore.core.columns import MAIN_TAG
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.write.files import DataFile
 
 # Under the quarantine table: each part's staging area (run/staging.py), and an upsert part's change
-# rows in its ``changes`` directory.
+# rows in its ``changes`` directory (their files' tag).
 STAGING_DIR = "_oncemore_staging"
+CHANGES_TAG = "changes"
 
 
 def changes_uri(quarantine_uri: str, staging_id: str) -> str:
@@ -37,17 +39,20 @@ class AheadRecord:
     topic: str
     partition: int
     offset: int
+    table: str = MAIN_TAG  # the tag of the table whose reader it is ahead of (a route's: its own format)
 
     def __str__(self) -> str:
-        return f"{self.role}:{self.schema_id}@{KafkaPartition(self.topic, self.partition)}:{self.offset}"
+        text = f"{self.role}:{self.schema_id}@{KafkaPartition(self.topic, self.partition)}:{self.offset}"
+        return text if self.table == MAIN_TAG else f"{text}#{self.table}"
 
     @classmethod
     def parse(cls, text: str) -> "AheadRecord":
+        text, _, table = text.partition("#")
         writer, _, coordinates = text.partition("@")
         role, _, schema_id = writer.partition(":")
         at, _, offset = coordinates.rpartition(":")
         where = KafkaPartition.parse(at)
-        return cls(role, int(schema_id), where.topic, where.partition, int(offset))
+        return cls(role, int(schema_id), where.topic, where.partition, int(offset), table or MAIN_TAG)
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,13 @@ class RangeResult:
     """What reading one range [start, end) did: offsets [start, reached) were read (a byte budget or
     a writer schema ahead of the reader may stop it early: ``schema_ahead`` says where, an
     AheadRecord as text), holding ``records`` data records (transaction markers and aborted records
-    hold offsets but no record), ``quarantined`` of which could not be stored; ``files`` hold what
-    this task wrote of them; ``seconds`` what the range took to read, decode and write (core/stopwatch.py);
-    ``hours`` its rows written and quarantined by the hour of their Kafka timestamp (rows a transform
-    shapes are counted where the sink writes them, run/deltasink.py)."""
+    hold offsets but no record), ``quarantined`` of which could not be stored, ``unrouted`` no
+    route took and the pipeline skips (routes.unrouted: skip), and ``held`` a table already held
+    (below its floor: a crash between a part's commits committed them; not written again);
+    ``files`` hold what this task wrote of them; ``seconds`` what the range took to read, decode
+    and write (core/stopwatch.py); ``hours`` its rows written and quarantined by the hour of their
+    Kafka timestamp (rows a transform shapes are counted where the sink writes them,
+    run/deltasink.py), and with routes ``table_hours`` the same per table, of the rows written."""
 
     topic: str
     partition: int
@@ -72,6 +80,9 @@ class RangeResult:
     schema_ahead: str | None = None  # str(AheadRecord)
     seconds: Mapping[str, float] = field(default_factory=dict)  # {read, decode, write}
     hours: Mapping[str, list[int]] = field(default_factory=dict)  # core/hours.py: of the rows this task stored
+    unrouted: int = 0  # skipped at or after the quarantine table's floor
+    held: int = 0
+    table_hours: Mapping[str, Mapping[str, list[int]]] = field(default_factory=dict)  # {tag: hours}
 
     @property
     def key(self) -> KafkaPartition:
@@ -84,3 +95,33 @@ class RangeResult:
     def from_json(cls, text: str) -> "RangeResult":
         data = json.loads(text)
         return cls(**{**data, "files": tuple(DataFile.from_dict(f) for f in data["files"])})
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """A routed part's table (config/routes.py): its tag and route, where it is, and per partition
+    of the part the position it builds on (``expected``: its own; None where it holds none) and the
+    first offset it takes (``floors``: plan/tables.py), so the range it consumed is [floor, end)."""
+
+    tag: str
+    route: str
+    table_uri: str
+    partition_by: tuple[str, ...]
+    expected: Mapping[KafkaPartition, int | None]
+    floors: Mapping[KafkaPartition, int]
+
+    def ranges(self, read: Mapping[KafkaPartition, tuple[int, int]]) -> dict[KafkaPartition, tuple[int, int]]:
+        """The part of ``read`` this table takes: per partition it does not hold to its end yet, [floor, end)."""
+        return {p: (max(start, self.floors.get(p, start)), end) for p, (start, end) in read.items()
+                if self.expected.get(p) is None or self.expected[p] < end}
+
+    def to_dict(self) -> dict:
+        return {"tag": self.tag, "route": self.route, "table_uri": self.table_uri, "partition_by": list(self.partition_by),
+                "expected": {str(p): v for p, v in self.expected.items()},
+                "floors": {str(p): v for p, v in self.floors.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RouteTable":
+        return cls(data["tag"], data["route"], data["table_uri"], tuple(data["partition_by"]),
+                   {KafkaPartition.parse(p): v for p, v in data["expected"].items()},
+                   {KafkaPartition.parse(p): v for p, v in data["floors"].items()})

@@ -31,15 +31,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
-from oncemore.commit.inputs import RangeResult, changes_uri
+from oncemore.commit.inputs import CHANGES_TAG, RangeResult, RouteTable, changes_uri
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
 from oncemore.commit.share import QuarantineLimit, Reason, commonest, judge, records_read
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
+    MAIN_TAG,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     QUARANTINE_SCHEMA,
+    QUARANTINE_TAG,
     TOPIC_COLUMN,
 )
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
@@ -62,10 +64,10 @@ class Part:
     run_id: str
     batch_seq: int
     until: str
-    table_uri: str
+    table_uri: str | None  # the main table (None: routes)
     quarantine_uri: str
     partition_by: tuple[str, ...]
-    starts: Mapping[KafkaPartition, int]  # where each partition's part begins (its main position, or the batch start)
+    starts: Mapping[KafkaPartition, int]  # where each partition's part begins (where the pipeline stands, or the batch start)
     expected: Mapping[KafkaPartition, int | None]  # the main table's positions it builds on
     quarantine_expected: Mapping[KafkaPartition, int | None]  # the quarantine table's
     partitions: tuple[KafkaPartition, ...]  # every partition of the plan (positions are all re-stated)
@@ -78,6 +80,7 @@ class Part:
     profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
     may_filter: bool = False  # a transform may drop records; without one, every record read is a row
     upsert: UpsertSpec | None = None  # change rows MERGEd by key (merge.py); None: an append
+    routes: tuple[RouteTable, ...] = ()  # a routed pipeline's tables (routed.py), in the pipeline's order
 
     @property
     def changes_uri(self) -> str:
@@ -89,11 +92,17 @@ class Part:
         """The part's directory in the staging area (staging.py)."""
         return f"{self.run_id}-{self.batch_seq}-{self.started_ms}"
 
+    def tables(self) -> dict[str, str]:
+        """Every table of the part by tag (core/columns.py), the quarantine table's included."""
+        tables = {QUARANTINE_TAG: self.quarantine_uri, **{t.tag: t.table_uri for t in self.routes}}
+        return {MAIN_TAG: self.table_uri, **tables} if self.table_uri is not None else tables
+
     def to_json(self) -> str:
         data = asdict(self)
         for name in ("starts", "expected", "quarantine_expected", "log_end"):
             data[name] = by_text(getattr(self, name))
         data["partitions"] = [str(p) for p in self.partitions]
+        data["routes"] = [t.to_dict() for t in self.routes]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -107,6 +116,7 @@ class Part:
         data["quarantine_limit"] = QuarantineLimit(**data["quarantine_limit"])
         if data["upsert"] is not None:
             data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
+        data["routes"] = tuple(RouteTable.from_dict(t) for t in data["routes"])
         return cls(**data)
 
 
@@ -129,7 +139,7 @@ class PartOutcome:
     version: int | None
     quarantine_version: int | None
     read: Mapping[KafkaPartition, tuple[int, int]]
-    records: Mapping[str, int]  # written, quarantined, filtered
+    records: Mapping[str, int]  # written, quarantined, filtered (with routes, unrouted)
     bytes_read: int
     schema_ahead: str | None  # the record whose writer schema the reader lacks (inputs.AheadRecord as text)
     profile: Mapping[str, int] = field(default_factory=dict)  # {phase: ms} of this part (core/stopwatch.py)
@@ -137,6 +147,7 @@ class PartOutcome:
     # What this part's own commits added, by table ("main", "quarantine"): {rows, bytes, files} of
     # the files committed; a MERGE's main commit: {rows} inserted or updated (delta-rs writes its files).
     added: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    versions: Mapping[str, int] = field(default_factory=dict)  # with routes: by tag, the versions this part committed
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -150,13 +161,14 @@ class PartOutcome:
         return cls(**data)
 
 
-def commit_part(part: Part, results: Iterable[RangeResult], written: Written, table_schema: pa.Schema,
+def commit_part(part: Part, results: Iterable[RangeResult], written: Written, table_schemas: pa.Schema | Mapping[str, pa.Schema],
                 storage_options: Mapping[str, str] | None = None,
-                ledgers: tuple[Ledger, Ledger] | None = None) -> PartOutcome:
-    """Validates and commits one part (module docstring). ``ledgers``: the (main, quarantine)
-    ledgers of a caller that keeps them (their snapshots are then only updated)."""
-    main, quarantine = ledgers or (Ledger(part.table_uri, part.pipeline, storage_options),
-                                   Ledger(part.quarantine_uri, part.pipeline, storage_options))
+                ledgers: Mapping[str, Ledger] | None = None) -> PartOutcome:
+    """Validates and commits one part (module docstring). ``table_schemas``: the data tables'
+    schemas by tag (one schema: the main table's). ``ledgers``: the tables' ledgers by tag, of a
+    caller that keeps them (their snapshots are then only updated)."""
+    schemas = table_schemas if isinstance(table_schemas, Mapping) else {MAIN_TAG: table_schemas}
+    ledgers = ledgers or {tag: Ledger(uri, part.pipeline, storage_options) for tag, uri in part.tables().items()}
     watch = Stopwatch()
     watch.add_ms({"spark_job": int(time.time() * 1000) - part.started_ms})
     crashpoints.reach("written")
@@ -167,38 +179,46 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     _delete(part, [f for r in dropped for f in r.files], storage_options)
     read = {p: (part.starts[p], ends[p]) for p in part.starts}
     files = [f for r in kept for f in r.files] + list(written.files)
-    main_files = [f for f in files if f.table == "main"]
-    quarantine_files = [f for f in files if f.table == "quarantine"]
-    change_files = [f for f in files if f.table == "changes"]
+    by_table = {tag: [f for f in files if f.table == tag] for tag in [*part.tables(), CHANGES_TAG]}
+    quarantine_files, change_files = by_table[QUARANTINE_TAG], by_table[CHANGES_TAG]
+    data_files = [f for tag, found in by_table.items() if tag not in (QUARANTINE_TAG, CHANGES_TAG) for f in found]
     schema_ahead = next((r.schema_ahead for r in kept if r.schema_ahead is not None), None)
     with watch.timing("validate"):
-        validate_files(part.table_uri, main_files, table_schema, part.partition_by, read, storage_options)
+        for route in part.routes:
+            validate_files(route.table_uri, by_table[route.tag], schemas[route.tag], route.partition_by,
+                           route.ranges(read), storage_options)
+        if part.table_uri is not None:
+            validate_files(part.table_uri, by_table[MAIN_TAG], schemas[MAIN_TAG], part.partition_by, read,
+                           storage_options)
         validate_files(part.quarantine_uri, quarantine_files, QUARANTINE_SCHEMA, (), read, storage_options)
-        validate_files(part.changes_uri, change_files, change_schema(table_schema), (), read, storage_options)
-    records = _accounted(part, kept, main_files + change_files, written, read)
+        validate_files(part.changes_uri, change_files, change_schema(schemas.get(MAIN_TAG)), (), read, storage_options)
+    counted = _accounted(part, kept, data_files + change_files, written, read)
     # A quarantine table that holds every record the part quarantined (no file of them is left to
-    # commit) took them from a run that accepted the part and stopped before its main commit: judging
-    # it again would hold that main commit back for good.
-    decided = records["quarantined"] > 0 and not quarantine_files
+    # commit) took them from a run that accepted the part and stopped before its other commits:
+    # judging it again would hold those commits back for good.
+    decided = counted["quarantined"] > 0 and not quarantine_files
     limit = replace(part.quarantine_limit, accepted=True) if decided else part.quarantine_limit
     try:
-        over_limit = judge(limit, part.pipeline, part.batch_seq, read, records,
+        over_limit = judge(limit, part.pipeline, part.batch_seq, read, counted,
                            lambda: _reasons(part, quarantine_files, storage_options))
     except QuarantineExceeded:
         _delete(part, files, storage_options)  # offered to no commit
         delete_files(part.changes_uri, change_files, storage_options)
         raise
+    records = {k: v for k, v in counted.items() if k != "held"}  # a part's own count, never a commit's
     # An upsert part's events reduced before any commit: a part that cannot be applied commits nothing.
-    changes = _changes(part, change_files, table_schema, storage_options) if part.upsert is not None else None
+    changes = _changes(part, change_files, schemas[MAIN_TAG], storage_options) if part.upsert is not None else None
     crashpoints.reach("validated")
 
     added: dict[str, dict[str, int]] = {}
 
-    def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int) -> PartOutcome:
+    def outcome_of(status: str, version: int | None, quarantine_version: int | None, bytes_read: int,
+                   versions: Mapping[str, int] | None = None) -> PartOutcome:
         return PartOutcome(status, version, quarantine_version, read, records, bytes_read, schema_ahead, watch.ms(),
-                           over_limit, added)
+                           over_limit, added, dict(versions or {}))
 
-    if all(part.expected.get(p) == end for p, (_, end) in read.items()):
+    built_on = [part.expected] if not part.routes else [part.quarantine_expected, *(t.expected for t in part.routes)]
+    if all(expected.get(p) == end for expected in built_on for p, (_, end) in read.items()):
         # Cut before its first record (a newer writer schema) with no position to record: a part
         # that read nothing still commits when it moves a position (a start at latest, a gap).
         return outcome_of("nothing_read", None, None, 0)
@@ -218,7 +238,17 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
     if over_limit:
         log.warning("pipeline %s: batch %d quarantined %d of its %d records, over the quarantine limit; committed "
                     "because the run accepts it (--accept-quarantine)", part.pipeline, part.batch_seq,
-                    records["quarantined"], records_read(records))
+                    records["quarantined"], records_read(counted))
+    if part.routes:
+        from oncemore.commit.routed import commit_routes
+
+        with watch.timing("commit"):
+            status, versions = commit_routes(part, ledgers, by_table, kept, read, record, storage_options)
+        log.info("pipeline %s: batch %d %s %s (%s)", part.pipeline, part.batch_seq, status,
+                 ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), describe_records(records))
+        return outcome_of(status, None, versions.get(QUARANTINE_TAG), record.bytes_read, versions)
+    main, quarantine = ledgers[MAIN_TAG], ledgers[QUARANTINE_TAG]
+    main_files = by_table[MAIN_TAG]
     new_positions = {p: e for p, (_, e) in read.items()}
     quarantine_version = None
     if quarantine_files:
@@ -249,10 +279,9 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         added["main"] = (files_added(main_files) if part.upsert is None else
                          {"rows": records.get("inserted", 0) + records.get("updated", 0)})
     crashpoints.reach("main_committed")
-    counted = (describe_counts(records) if part.upsert is not None else
-               f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered")
+    counted_text = describe_counts(records) if part.upsert is not None else describe_records(records)
     log.info("pipeline %s: batch %d %s %s (%s)", part.pipeline, part.batch_seq, outcome.status,
-             ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), counted)
+             ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), counted_text)
     return outcome_of(outcome.status, outcome.version, quarantine_version, record.bytes_read)
 
 
@@ -261,35 +290,48 @@ def files_added(files: list[DataFile]) -> dict[str, int]:
     return {"rows": sum(f.num_records for f in files), "bytes": sum(f.size for f in files), "files": len(files)}
 
 
-def _accounted(part: Part, kept: list[RangeResult], main_files: list[DataFile], written: Written,
+def describe_records(records: Mapping[str, int]) -> str:
+    """An append part's counts in words."""
+    text = f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered"
+    return text + (f", {records['unrouted']} unrouted" if "unrouted" in records else "")
+
+
+def _accounted(part: Part, kept: list[RangeResult], data_files: list[DataFile], written: Written,
                read: Mapping[KafkaPartition, tuple[int, int]]) -> dict[str, int]:
-    """Per partition, the records read are rows written, quarantined or filtered: never more rows
-    than records (a transform that explodes a record is refused here, before any commit), and
-    none filtered without a transform (a record the tasks' files lost is refused the same way)."""
+    """Per partition, the records read are rows written, quarantined, filtered, unrouted or held
+    (share.OUTCOMES): never more rows than records (a transform that explodes a record is refused
+    here, before any commit), and none filtered without a transform (a record the tasks' files
+    lost is refused the same way)."""
     records = {p: 0 for p in read}
-    quarantined = dict(records)
-    rows = dict(records)
+    quarantined, rows, other = dict(records), dict(records), dict(records)
+    unrouted = held = 0
     for r in kept:
         records[r.key] += r.records
         quarantined[r.key] += r.quarantined
-    for f in main_files:
+        other[r.key] += r.unrouted + r.held
+        unrouted, held = unrouted + r.unrouted, held + r.held
+    for f in data_files:
         for text, (_, _, count) in f.offsets.items():
             rows[KafkaPartition.parse(text)] += count
     for p, count in written.violations_by_partition.items():
         quarantined[p] = quarantined.get(p, 0) + count
     for p in read:
-        if not part.may_filter and rows[p] + quarantined[p] < records[p]:
+        found = rows[p] + quarantined[p] + other[p]
+        if not part.may_filter and found < records[p]:
             raise InvalidDataFile(
                 f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records read, only "
-                f"{rows[p]} rows written and {quarantined[p]} quarantined, and no transform filters: nothing was "
-                "committed", partition=str(p), records=records[p], rows=rows[p])
-        if rows[p] + quarantined[p] > records[p]:
+                f"{rows[p]} rows written and {quarantined[p]} quarantined"
+                + (f" ({other[p]} more unrouted or held by a table already)" if part.routes else "")
+                + ", and no transform filters: nothing was committed", partition=str(p), records=records[p], rows=rows[p])
+        if found > records[p]:
             raise InvalidDataFile(
                 f"pipeline {part.pipeline}: {p} [{read[p][0]}, {read[p][1]}): {records[p]} records became {rows[p]} rows "
                 f"and {quarantined[p]} quarantined: the transform made more than one row of a record; nothing was "
                 "committed", partition=str(p), records=records[p], rows=rows[p])
     total = {"written": sum(rows.values()), "quarantined": sum(quarantined.values())}
-    total["filtered"] = sum(records.values()) - total["written"] - total["quarantined"]
+    total["filtered"] = sum(records.values()) - total["written"] - total["quarantined"] - unrouted - held
+    if part.routes:
+        total.update(unrouted=unrouted, held=held)
     return total
 
 
@@ -321,9 +363,9 @@ def _commit(part: Part, ledger: Ledger, files, expected, new_positions, record) 
     return outcome
 
 
-def change_schema(table_schema: pa.Schema) -> pa.Schema:
+def change_schema(table_schema: pa.Schema | None) -> pa.Schema:
     """An upsert part's change rows: the table's columns and the change (merge.py)."""
-    return table_schema.append(pa.field(CHANGE_COLUMN, pa.string()))
+    return (table_schema or pa.schema([])).append(pa.field(CHANGE_COLUMN, pa.string()))
 
 
 def _changes(part: Part, files: list[DataFile], table_schema: pa.Schema,
@@ -353,5 +395,5 @@ def _merge(part: Part, main: Ledger, changes: Changes, expected, new_positions, 
 
 
 def _delete(part: Part, files: list[DataFile], storage_options: Mapping[str, str] | None) -> None:
-    for table, uri in (("main", part.table_uri), ("quarantine", part.quarantine_uri)):
+    for table, uri in part.tables().items():
         delete_files(uri, [f for f in files if f.table == table], storage_options)

@@ -4,8 +4,9 @@ quarantine table's, which comes first, included).
 
 A part fails when more than ``max_fraction`` of its records were quarantined and at least
 ``min_quarantined`` were (fewer never fail it: one bad record in a small batch is no reason to
-stop). Its records are every record it read: written, quarantined or filtered (a transform's
-WHERE is the user's intent, so a filtered record counts as handled). Quarantined are records that
+stop). Its records are every record it read: written, quarantined, filtered (a transform's WHERE
+is the user's intent, so a filtered record counts as handled) or unrouted and skipped; with routes,
+the part as a whole, across its tables. Quarantined are records that
 did not decode, rows failing an expectation whose ``on_fail`` is quarantine, rows whose partition
 value a table cannot hold, and an upsert's change events that cannot be applied.
 
@@ -92,9 +93,15 @@ def value_head(value: bytes | None) -> str:
     return shown + ("…" if len(value) > VALUE_HEAD_BYTES else "")
 
 
+# What every record of a part becomes: written, quarantined, filtered by a transform, unrouted (no
+# route took it and the pipeline skips those), or held (a table holds it already: a crash between a
+# part's commits committed it; a part's own count, never a commit's).
+OUTCOMES = ("written", "quarantined", "filtered", "unrouted", "held")
+
+
 def records_read(records: Mapping[str, int]) -> int:
-    """Every record a part (or a commit's record) accounts for: written, quarantined or filtered."""
-    return sum(records.get(k, 0) for k in ("written", "quarantined", "filtered"))
+    """Every record a part (or a commit's record) accounts for (OUTCOMES)."""
+    return sum(records.get(k, 0) for k in OUTCOMES)
 
 
 def share_text(quarantined: int, records: int) -> str:

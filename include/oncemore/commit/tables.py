@@ -29,7 +29,7 @@ from oncemore.commit.evolution import arrow_schema, evolve, spark_schema
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
 from oncemore.commit.sequencing import check_sequence, record_sequence
-from oncemore.core.columns import QUARANTINE_SCHEMA, SchemaError, key_columns, tombstones_schema
+from oncemore.core.columns import MAIN_TAG, QUARANTINE_SCHEMA, SchemaError, key_columns, tombstones_schema
 from oncemore.core.errors import InvalidDataFile, OncemoreError, TableLocationError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.plan.ledger import open_table
@@ -131,16 +131,19 @@ def _holds_timestamp_ntz(data_type: DataType, only_in_maps: bool = False, in_map
     return False
 
 
-def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
-    """The pipeline's main table (its schema brought to ``schema``'s; returned), quarantine table and,
-    for an upsert ordered by a sequence, tombstones table, created when missing, checked otherwise."""
+def ensure_tables(pipeline: Pipeline, schemas: pa.Schema | Mapping[str, pa.Schema]) -> dict[str, pa.Schema]:
+    """The pipeline's data tables (the main table, or one per route: ``schemas`` by tag, each
+    table's brought to its own; returned; one schema: the main table's), quarantine table and, for
+    an upsert ordered by a sequence, tombstones table, created when missing, checked otherwise."""
+    schemas = schemas if isinstance(schemas, Mapping) else {MAIN_TAG: schemas}
     sink, subscription = pipeline.sink, pipeline.source.describe_subscription()
     options = dict(sink.storage_options) if sink.storage_options else None
     # Every location checked before any table is created: a refused one leaves nothing behind.
-    tables = (("sink.quarantine_uri", sink.quarantine_uri), ("sink.table_uri", sink.table_uri))
+    tables = [("sink.quarantine_uri", sink.quarantine_uri)]
     keeps_deletes = pipeline.upsert is not None and pipeline.upsert.sequence_by is not None
     if keeps_deletes:
-        tables += (("sink.tombstones_uri", sink.tombstones_uri),)
+        tables.append(("sink.tombstones_uri", sink.tombstones_uri))
+    tables += [(t.setting, t.table_uri) for t in pipeline.tables]
     for key, uri in tables:
         problem = location_problem(uri, options)
         if problem:
@@ -156,23 +159,28 @@ def ensure_tables(pipeline: Pipeline, schema: pa.Schema) -> pa.Schema:
             raise TableLocationError(f"pipeline {pipeline.name}: {key} {uri}: {root_cause(exc)}",
                                      pipeline=pipeline.name, key=key, table_uri=uri) from exc
 
-    # A table another writer made refuses before either table is created or changed; so does an
+    # A table another writer made refuses before any table is created or changed; so does an
     # upsert table ordered by another sequence_by than the pipeline's.
     opened = {key: ready(key, uri, check_existing, options) for key, uri in tables}
     if pipeline.upsert is not None:
         check_sequence(pipeline.name, sink.table_uri, opened["sink.table_uri"], pipeline.upsert.sequence_by)
+    what = "records" if pipeline.routes is None else "records of every route"
     ready("sink.quarantine_uri", sink.quarantine_uri, ensure_table, QUARANTINE_SCHEMA, (), f"{pipeline.name}_quarantine",
-          f"oncemore quarantine of pipeline {pipeline.name}: records of {subscription} that could not be stored", options,
+          f"oncemore quarantine of pipeline {pipeline.name}: {what} of {subscription} that could not be stored", options,
           opened=opened["sink.quarantine_uri"])
     if keeps_deletes:
-        keys = pa.schema([schema.field(k) for k in key_columns(schema, pipeline.upsert.keys)])
+        keys = pa.schema([schemas[MAIN_TAG].field(k) for k in key_columns(schemas[MAIN_TAG], pipeline.upsert.keys)])
         ready("sink.tombstones_uri", sink.tombstones_uri, ensure_table, tombstones_schema(keys), (),
               f"{pipeline.name}_tombstones", f"oncemore tombstones of pipeline {pipeline.name}: deletes kept "
               f"{pipeline.upsert.tombstone_retention_hours} h against late events", options,
               opened=opened["sink.tombstones_uri"])
-    ensured = ready("sink.table_uri", sink.table_uri, ensure_table, schema, sink.partition_by, pipeline.name,
-                    f"oncemore pipeline {pipeline.name}: {subscription}", options, sink.schema_evolution,
-                    opened=opened["sink.table_uri"])
+    ensured = {}
+    for table in pipeline.tables:
+        name, described = (pipeline.name, subscription) if table.route is None else (
+            f"{pipeline.name}_{table.route}", f"{subscription}, the records routed by {pipeline.routes.by} = {table.route}")
+        ensured[table.tag] = ready(table.setting, table.table_uri, ensure_table, schemas[table.tag], table.partition_by,
+                                   name, f"oncemore pipeline {pipeline.name}: {described}", options,
+                                   sink.schema_evolution, opened=opened[table.setting])
     if pipeline.upsert is not None:
         ready("sink.table_uri", sink.table_uri, record_sequence, pipeline.upsert.sequence_by, options)
     return ensured

@@ -5,11 +5,13 @@ Its shape is a contract (tools outside the project write it): ``{type: hive, uri
 database, table}`` or ``{type: glue, database, table}``. Glue's endpoint, region and credentials
 are AWS's standard environment (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ...), never the file.
 The quarantine table is registered as ``<table>_quarantine``, an upsert's tombstones table as
-``<table>_tombstones``, in the same database.
+``<table>_tombstones``, a routed pipeline's table of route ``<value>`` as ``<table>_<value>``, in the
+same database.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictStr, Tag
@@ -27,7 +29,7 @@ class _Catalog(BaseModel):
 
     database: CatalogName = Field(description="created when missing")
     table: CatalogName = Field(description="the main table's name; the quarantine table is <table>_quarantine, an "
-                                           "upsert's tombstones table <table>_tombstones")
+                                           "upsert's tombstones table <table>_tombstones, a route's <table>_<route>")
 
 
 class HiveCatalog(_Catalog):
@@ -53,6 +55,23 @@ class GlueCatalog(_Catalog):
 
 
 CATALOGS = {"hive": HiveCatalog, "glue": GlueCatalog}
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,127}$")
+
+
+def catalog_name(table: str, route: str | None) -> str:
+    """The catalog name of a pipeline's table: ``table``, or for a route's, ``<table>_<route>``."""
+    return table if route is None else f"{table}_{route}"
+
+
+def route_name_problem(table: str, route: str) -> str | None:
+    """Why route ``route``'s table cannot be registered under ``<table>_<route>``, or None."""
+    name = catalog_name(table, route)
+    if not _NAME.match(name):
+        return (f"the table of route {route!r} would be registered as {name!r}, which is not a catalog name "
+                "(lowercase letters, digits and _, at most 128 characters)")
+    if route in (QUARANTINE_SUFFIX[1:], TOMBSTONES_SUFFIX[1:]):
+        return f"the table of route {route!r} would be registered as {name!r}, the quarantine table's name"
+    return None
 
 
 def _catalog_kind(value: Any) -> str | None:

@@ -369,9 +369,10 @@ class Pipeline(_Model):
         columns are Spark SQL): else they stay in the Python workers, decoded and written in one pass."""
         return self.transform is not None or bool(self.expectations) or self.upsert is not None
 
-    def static_columns(self, table: DataTable) -> pa.Schema | None:
-        """``table``'s columns when the config alone tells them (no registry, no transform)."""
-        fmt = table.format
+    def static_columns(self, table: DataTable | None = None) -> pa.Schema | None:
+        """``table``'s (default: the main table's) columns when the config alone tells them (no
+        registry, no transform)."""
+        fmt = (table or self.main).format
         if self.shapes_in_spark or fmt.type in ("avro", "protobuf") or (
                 self.key is not None and self.key.type in ("avro", "protobuf")):
             return None

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
+from oncemore.config.catalog import route_name_problem
 from oncemore.config.formats import Format
 from oncemore.config.values import key_problem
+from oncemore.core.columns import MAIN_TAG, ROUTE_TAG_PREFIX
 from oncemore.core.storage import same_table, table_key
 
 if TYPE_CHECKING:
@@ -30,9 +32,6 @@ if TYPE_CHECKING:
 # The forms of ``by``: value.a.b (JSON field names without dots, quotes or brackets), headers['x'], key.
 _VALUE_PATH = re.compile(r"^value((?:\.[^.\s\[\]'\"]+)+)$")
 _HEADER = re.compile(r"""^headers\[(?:'([^']+)'|"([^"]+)")\]$""")
-# The tag of a route's table in a part's files and commits (write/files.DataFile.table): never one
-# of the fixed tables' ("main", "quarantine", "changes").
-ROUTE_TAG_PREFIX = "route:"
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ class DataTable:
     @property
     def tag(self) -> str:
         """How a part's files and commits name this table: "main", or "route:<value>"."""
-        return "main" if self.route is None else ROUTE_TAG_PREFIX + self.route
+        return MAIN_TAG if self.route is None else ROUTE_TAG_PREFIX + self.route
 
     @property
     def setting(self) -> str:
@@ -186,3 +185,8 @@ def check_tables(pipeline: "Pipeline") -> None:
         if route.table_uri.rstrip("/") == sink.quarantine_uri.rstrip("/"):
             raise key_problem(f"routes.tables.{value}.table_uri", "must differ from sink.quarantine_uri")
     sink.safe_on_s3(*(t.table_uri for t in pipeline.tables))
+    if sink.catalog is not None:
+        for value in pipeline.routes.tables:
+            problem = route_name_problem(sink.catalog.table, value)
+            if problem:
+                raise key_problem("sink.catalog.table", problem)

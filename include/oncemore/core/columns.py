@@ -29,6 +29,10 @@ QUARANTINE_SCHEMA = pa.schema(
     + METADATA_FIELDS
 )
 
+# How a part's files and commits name its tables (write/files.DataFile.table): the main table, the
+# quarantine table, and a routed pipeline's table per route, "route:<value of routes.by>".
+MAIN_TAG, QUARANTINE_TAG, ROUTE_TAG_PREFIX = "main", "quarantine", "route:"
+
 # Upsert tables (commit/merge.py): the row's sequence (``upsert.sequence_by``, a number: never compared
 # as text), the change rows' operation and the reason a change row is quarantined (oncemore's own
 # columns, never the table's), a tombstone marker among the decoded records, and when a delete was

@@ -10,7 +10,10 @@ a pipeline's config or on a command line can set it. The steps of a run, in orde
 - ``written``: where a part's commits are made (the run's process; the sink's driver-side commit
   when the records are shaped in Spark), its files written and none validated yet.
 - ``validated``: there, its files validated, before the quarantine commit.
-- ``quarantine_committed``: there, the quarantine commit made, before the main commit.
+- ``quarantine_committed``: there, the quarantine commit made, before the main commit (with
+  routes: before the route tables' commits; commit/routed.py).
+- ``route_committed``: there, a route table's commit made, before the next route table's (or,
+  after the last, the outcome reaching the run).
 - ``tombstones_committed``: there, an upsert part's deletes kept in its tombstones table
   (commit/merge.py), before the main MERGE.
 - ``main_committed``: there, the main commit made, before the outcome reaches the run.
@@ -42,8 +45,8 @@ from pathlib import Path
 FAULTS_ENV = "ONCEMORE_FAULTS"
 GROUP_ENV = "ONCEMORE_FAULTS_GROUP"
 ONCE_ENV = "ONCEMORE_FAULTS_ONCE"
-STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "tombstones_committed", "main_committed",
-         "mirrored", "compacted", "checkpointed")
+STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "route_committed", "tombstones_committed",
+         "main_committed", "mirrored", "compacted", "checkpointed")
 
 
 def arm() -> None:

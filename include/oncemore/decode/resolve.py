@@ -23,6 +23,7 @@ from confluent_kafka.schema_registry import Schema
 
 from oncemore.config.formats import Format
 from oncemore.config.model import Pipeline
+from oncemore.config.routes import DataTable
 from oncemore.core.columns import SchemaError
 from oncemore.core.ddl import parse_ddl, to_ddl
 from oncemore.core.errors import OncemoreError
@@ -47,28 +48,31 @@ class ReaderBehind(FormatError):
 def registries(pipeline: Pipeline) -> tuple[dict[str, str] | None, dict[str, str] | None]:
     """The registry settings of the value and of the key, each its format's own (none where the
     format has none: settings hold secrets, and go nowhere they are not used)."""
-    value = pipeline.format.schema_registry
+    # Every route reads the same registry (config/routes.py): the first that names one.
+    value = next((t.format.schema_registry for t in pipeline.tables if t.format.schema_registry), None)
     key = pipeline.key.schema_registry if pipeline.key is not None else None
     return (dict(value) if value else None), (dict(key) if key else None)
 
 
-def resolve(pipeline: Pipeline, topics: list[str]) -> RecordSpec:
-    """The pipeline's RecordSpec, its avro and protobuf formats resolved against the registry: the
-    subject's latest schema is the reader. A json Debezium value is read as the envelope around
-    the declared row (envelope.py)."""
+def resolve(pipeline: Pipeline, topics: list[str], table: DataTable | None = None) -> RecordSpec:
+    """The RecordSpec of ``table``'s records (default: the main table; a route's are read with its
+    own format), its avro and protobuf formats resolved against the registry: the subject's latest
+    schema is the reader. A json Debezium value is read as the envelope around the declared row
+    (envelope.py)."""
+    table = table or pipeline.main
     value_registry, key_registry = registries(pipeline)
     key = pipeline.key
-    if key is None and pipeline.format.type == "raw":
+    if key is None and table.format.type == "raw":
         key_spec = FormatSpec("raw")
     else:
         key_spec = _resolve(pipeline, key, "key", topics, key_registry) if key is not None else None
-    value = _resolve(pipeline, pipeline.format, "value", topics, value_registry)
+    value = _resolve(pipeline, table.format, "value", topics, value_registry, table)
     if pipeline.upsert is not None and pipeline.upsert.envelope == "debezium" and value.type == "json":
         value = replace(value, ddl=envelope_ddl(value.ddl), envelope="debezium")
     return RecordSpec(value, key_spec, pipeline.headers, changes=pipeline.upsert is not None)
 
 
-def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int) -> RecordSpec:
+def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int, table: DataTable | None = None) -> RecordSpec:
     """``spec`` with the ``role``'s reader covering writer schema ``schema_id`` too, a record's
     writer that has what the reader lacks (SchemaAhead): for Avro the merge of the two
     (avro/merge.py), so records of either resolve into it and producers on both versions cost no
@@ -86,7 +90,7 @@ def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int) -> R
         followed = replace(fmt, registered=registry.schema(schema_id, fmt="serialized").to_dict(),
                            message=format_decoder(fmt, settings).message_name)
     if fmt.ddl:
-        block = "format" if role == "value" else "key"
+        block = _block(role, table or pipeline.main)
         _check_declared(pipeline.name, block, f"the reader following schema ID {schema_id}", parse_ddl(fmt.ddl),
                         format_columns(replace(followed, ddl=None), settings))
     return replace(spec, **{role: followed})
@@ -98,8 +102,16 @@ def refuse(spec: RecordSpec, role: str, schema_id: int, reason: str) -> RecordSp
     return replace(spec, **{role: replace(fmt, refused={**fmt.refused, schema_id: reason})})
 
 
-def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], settings) -> FormatSpec:
-    block = "format" if role == "value" else "key"
+def _block(role: str, table: DataTable | None) -> str:
+    """The pipeline file's block of a ``role``'s format, as errors name it."""
+    if role == "key":
+        return "key"
+    return "format" if table is None or table.route is None else f"routes.tables.{table.route}.format"
+
+
+def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], settings,
+             table: DataTable | None = None) -> FormatSpec:
+    block = _block(role, table)
     if fmt.type not in ("avro", "protobuf"):
         return FormatSpec(fmt.type, ddl=fmt.ddl, framed=fmt.confluent_framing, schemas_enable=fmt.schemas_enable)
     if fmt.subject is None and len(topics) != 1:

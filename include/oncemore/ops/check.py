@@ -32,13 +32,15 @@ from typing import Callable
 from oncemore.commit.groupmirror import check_group, group_id
 from oncemore.commit.tablefeatures import check_writable
 from oncemore.config.model import Pipeline
+from oncemore.config.routes import DataTable
 from oncemore.core.columns import QUARANTINE_SCHEMA
 from oncemore.core.errors import OncemoreError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.decode.resolve import resolve
 from oncemore.kafka import clients
 from oncemore.plan.continuity import check_continuity
-from oncemore.plan.ledger import Ledger, open_table
+from oncemore.plan.ledger import open_table
+from oncemore.plan.tables import Ledgers, start
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object], samp
     checks += registry
     tables = table_checks(pipeline)
     if all(c.ok for c in registry + tables):
-        tables.insert(0, _records(pipeline, topics, spark_factory))
+        tables[0:0] = [_records(pipeline, table, topics, spark_factory) for table in pipeline.tables]
     checks += tables
     if pipeline.sink.catalog is not None:
         checks.append(_catalog(pipeline))
@@ -107,23 +109,32 @@ def check_pipeline(pipeline: Pipeline, spark_factory: Callable[[], object], samp
 
 
 def table_checks(pipeline: Pipeline) -> list[Check]:
-    """Both tables: each holds a table oncemore can write, or one can be created there."""
-    return [_table(pipeline, "table", pipeline.sink.table_uri),
-            _table(pipeline, "quarantine table", pipeline.sink.quarantine_uri)]
+    """The pipeline's tables (the main table, or each route's, and the quarantine table): each holds
+    a table oncemore can write, or one can be created there."""
+    return [_table(pipeline, _what(t), t.table_uri, t.partition_by) for t in pipeline.tables] + [
+        _table(pipeline, "quarantine table", pipeline.sink.quarantine_uri, ())]
+
+
+def _what(table: DataTable) -> str:
+    return "table" if table.route is None else f"route {table.route} table"
 
 
 def _registry(pipeline: Pipeline, topics: list[str]) -> list[Check]:
-    blocks = [b for b, fmt in (("format", pipeline.format), ("key", pipeline.key)) if fmt is not None and fmt.schema_registry]
+    blocks = [(b, t) for b, fmt, t in [*((("format" if t.route is None else f"routes.tables.{t.route}.format"), t.format, t)
+                                        for t in pipeline.tables), ("key", pipeline.key, pipeline.tables[0])]
+              if fmt is not None and fmt.schema_registry]
     if not blocks:
         return []
     what = "schema registry"
     if not topics:
         return [Check(pipeline.name, what, "not asked: no topic of the pipeline is known (see above)")]
+    found = []
     try:
-        spec = resolve(pipeline, topics)
+        for block, table in blocks:
+            spec = resolve(pipeline, topics, table)
+            found.append(f"{block} {(spec.key if block == 'key' else spec.value).type}")
     except Exception as exc:  # RegistryError, FormatError: both name the registry, subject and cause
         return [Check(pipeline.name, what, _cause(exc))]
-    found = [f"{block} {getattr(spec, 'value' if block == 'format' else 'key').type}" for block in blocks]
     return [Check(pipeline.name, what, None, f"has the latest schema of each subject read ({', '.join(found)})")]
 
 
@@ -147,14 +158,16 @@ def _mirror_group(pipeline: Pipeline, admin) -> Check:
 
 
 def _positions(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
-    """The checks a run makes before it plans (continuity.py), on the table's positions now."""
+    """The checks a run makes before it plans (continuity.py), on the tables' positions now."""
     what = "positions"
     try:
-        ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
-        table = ledger.snapshot()
-        positions = ledger.positions(source.partitions, table)
-        check_continuity(pipeline, ledger, table, positions, source.identities,
-                         clients.log_bounds(admin, pipeline, source.partitions))
+        log = clients.log_bounds(admin, pipeline, source.partitions)
+        held = {}
+        for tag, ledger in Ledgers(pipeline).planning().items():
+            table = ledger.snapshot()
+            held[tag] = ledger.positions(source.partitions, table)
+            check_continuity(pipeline, ledger, table, held[tag], source.identities, log)
+        positions = start(held, source.partitions)
     except Exception as exc:  # PlanError: another pipeline's table, a recreated topic, expired positions, ...
         return Check(pipeline.name, what, _cause(exc))
     held = sum(v is not None for v in positions.values())
@@ -165,18 +178,19 @@ def _positions(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
                                             "on its topic")
 
 
-def _records(pipeline: Pipeline, topics: list[str], spark_factory: Callable[[], object]) -> Check:
-    """What the records become: the table's schema (the transform's, as Spark analyses it), its
-    partition columns, and whether the existing table takes it (``sink.schema_evolution``)."""
+def _records(pipeline: Pipeline, table: DataTable, topics: list[str], spark_factory: Callable[[], object]) -> Check:
+    """What the records become (with routes, each route's): the table's schema (the transform's, as
+    Spark analyses it), its partition columns, and whether the existing table takes it
+    (``sink.schema_evolution``)."""
     from oncemore.decode.resolve import registries
 
-    what = "records"
+    what = "records" if table.route is None else f"route {table.route} records"
     try:
         from oncemore.run.prepare import table_schema  # no pyspark unless the pipeline shapes records in Spark
 
-        schema = table_schema(pipeline, resolve(pipeline, topics), registries(pipeline), spark_factory)
-        table = open_table(table_location(pipeline.sink.table_uri), pipeline.sink.storage_options)
-        added = _evolution(pipeline, table, schema) if table is not None else []
+        schema = table_schema(pipeline, resolve(pipeline, topics, table), registries(pipeline), spark_factory, table)
+        found = open_table(table_location(table.table_uri), pipeline.sink.storage_options)
+        added = _evolution(pipeline, table, found, schema) if found is not None else []
     except Exception as exc:  # TransformRefused, SchemaChangeRefused, ...
         return Check(pipeline.name, what, _cause(exc))
     shaped = "after the transform" if pipeline.transform is not None else "decoded"
@@ -184,20 +198,20 @@ def _records(pipeline: Pipeline, topics: list[str], spark_factory: Callable[[], 
     return Check(pipeline.name, what, None, f"{len(schema)} columns {shaped}{gains}")
 
 
-def _evolution(pipeline: Pipeline, table, schema) -> list[str]:
-    """The columns the table gains for ``schema``; SchemaChangeRefused when it cannot take it."""
+def _evolution(pipeline: Pipeline, table: DataTable, found, schema) -> list[str]:
+    """The columns ``table`` (its snapshot ``found``) gains for ``schema``; SchemaChangeRefused when it cannot take it."""
     import json
 
     from pyspark.sql.types import StructType
 
     from oncemore.commit.evolution import evolve, spark_schema
 
-    where = f"pipeline {pipeline.name}: table {pipeline.sink.table_uri}"
-    current = StructType.fromJson(json.loads(table.schema().to_json()))
+    where = f"pipeline {pipeline.name}: table {table.table_uri}"
+    current = StructType.fromJson(json.loads(found.schema().to_json()))
     return evolve(current, spark_schema(schema), pipeline.sink.schema_evolution, where)[1]
 
 
-def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
+def _table(pipeline: Pipeline, what: str, table_uri: str, partition_by: tuple[str, ...]) -> Check:
     options = pipeline.sink.storage_options
     problem = location_problem(table_uri, options)
     if problem:
@@ -207,18 +221,18 @@ def _table(pipeline: Pipeline, what: str, table_uri: str) -> Check:
     except Exception as exc:  # permissions, a broken log
         return Check(pipeline.name, what, f"{table_uri}: cannot be read: {_cause(exc)}")
     if table is not None:
-        return _existing(pipeline, what, table_uri, table)
+        return _existing(pipeline, what, table_uri, table, partition_by)
     local = "://" not in table_location(table_uri)
     return Check(pipeline.name, what, None, f"{table_uri}: no table yet; the first run creates it" + (
         "" if local else " (whether the store takes writes shows then: checking would write)"))
 
 
-def _existing(pipeline: Pipeline, what: str, table_uri: str, table) -> Check:
+def _existing(pipeline: Pipeline, what: str, table_uri: str, table, partition_by: tuple[str, ...]) -> Check:
     from oncemore.commit.tables import check_partitioning  # pyspark's types: only once there is a table
 
     try:
         check_writable(table, table_uri)
-        check_partitioning(table, table_uri, pipeline.sink.partition_by if what == "table" else ())
+        check_partitioning(table, table_uri, partition_by)
     except Exception as exc:
         return Check(pipeline.name, what, _cause(exc))
     if what == "quarantine table":

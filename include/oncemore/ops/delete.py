@@ -21,7 +21,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError
 
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
+from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_TAG, TOPIC_COLUMN
 from oncemore.core.coordinates import KafkaPartition, nested
 from oncemore.core.errors import CommitConflict, OncemoreError
 from oncemore.plan.commitinfo import METADATA_KEY, CommitInfo, Deletion
@@ -37,11 +37,11 @@ class DeleteRefused(OncemoreError):
 
 
 def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, Any]:
-    """Deletes the rows of both tables matching ``where`` (SQL as delta-rs evaluates it: DataFusion's
-    dialect), each table in a commit of its own recording the offsets removed; ``dry_run``: what
-    would be removed, nothing committed."""
+    """Deletes the rows of the pipeline's tables (the main table, or each route's, and the quarantine
+    table) matching ``where`` (SQL as delta-rs evaluates it: DataFusion's dialect), each table in a
+    commit of its own recording the offsets removed; ``dry_run``: what would be removed, nothing committed."""
     run_id = f"oncemore-delete-{uuid.uuid4().hex[:12]}"
-    uris = {"main": pipeline.sink.table_uri, "quarantine": pipeline.sink.quarantine_uri}
+    uris = {**{t.tag: t.table_uri for t in pipeline.tables}, QUARANTINE_TAG: pipeline.sink.quarantine_uri}
     opened = {role: open_table(uri, pipeline.sink.storage_options) for role, uri in uris.items()}
     for role, table in opened.items():  # refused before either table is touched
         if table is not None and table.metadata().configuration.get("delta.appendOnly", "false").lower() == "true":
@@ -49,20 +49,28 @@ def delete(pipeline: Pipeline, where: str, dry_run: bool = False) -> dict[str, A
                                 "append-only (delta.appendOnly): nothing was deleted",
                                 pipeline=pipeline.name, table_uri=uris[role])
     tables = {}
+    # Routed, each route's table has columns of its own: a predicate naming columns one lacks leaves it as it is.
+    optional = {QUARANTINE_TAG} | ({t.tag for t in pipeline.tables} if pipeline.routes is not None else set())
     for role, uri in uris.items():
         try:
-            tables[role] = _delete(pipeline, role, uri, opened[role], where, run_id, dry_run)
+            tables[role] = _delete(pipeline, role in optional, uri, opened[role], where, run_id, dry_run)
         except OncemoreError as exc:
-            done = tables.get("main", {})
-            if done.get("status") != "deleted":
+            done = [f"{tables[r]['table_uri']} ({tables[r]['rows']} rows, version {tables[r]['version']})"
+                    for r in tables if tables[r].get("status") == "deleted"]
+            if not done:
                 raise
-            raise type(exc)(f"{exc} (the main table's deletion of {done['rows']} rows, version {done['version']}, "
-                            "stands: run the command again for the quarantine table)", **exc.evidence) from None
+            raise type(exc)(f"{exc} (the deletion from {', '.join(done)} stands: run the command again for the "
+                            "other tables)", **exc.evidence) from None
+    if pipeline.routes is not None and all(t["status"].startswith("left as it is") or t["status"] == "no table yet"
+                                           for role, t in tables.items() if role != QUARANTINE_TAG):
+        raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r}: no route's table has the columns it "
+                            "names; nothing was deleted", pipeline=pipeline.name)
     return {"pipeline": pipeline.name, "where": where, "run_id": run_id, "tables": tables}
 
 
-def _delete(pipeline: Pipeline, role: str, uri: str, table: DeltaTable | None, where: str, run_id: str,
+def _delete(pipeline: Pipeline, optional: bool, uri: str, table: DeltaTable | None, where: str, run_id: str,
             dry_run: bool) -> dict[str, Any]:
+    """Deletes from one table; an ``optional`` one whose columns the predicate does not all name is left as it is."""
     if table is None:
         return {"table_uri": uri, "status": "no table yet", "rows": 0}
     for _ in range(ATTEMPTS):
@@ -70,7 +78,7 @@ def _delete(pipeline: Pipeline, role: str, uri: str, table: DeltaTable | None, w
             matched = _matching(table, where)
         except Exception as exc:  # DataFusion's error: the predicate does not parse or resolve
             problem = str(exc).strip().splitlines()[0]
-            if role == "quarantine" and "No field named" in problem:
+            if optional and "No field named" in problem:
                 return {"table_uri": uri, "status": f"left as it is: the predicate names a column it lacks ({problem})",
                         "rows": 0}
             raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: {problem}",

@@ -42,7 +42,7 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
     """Maintains the pipeline's tables with its ``maintenance`` settings (defaults when absent);
     returns what was done per table."""
     settings = pipeline.maintenance or Maintenance()
-    tables = [("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)]
+    tables = [(t.tag, t.table_uri) for t in pipeline.tables] + [("quarantine", pipeline.sink.quarantine_uri)]
     if pipeline.upsert is not None and pipeline.upsert.sequence_by is not None:
         tables.append(("tombstones", pipeline.sink.tombstones_uri))
     done = {}

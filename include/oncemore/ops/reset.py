@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from oncemore.commit.committer import commit_positions
 from oncemore.commit.tables import ensure_tables
 from oncemore.config.model import Pipeline
+from oncemore.config.routes import DataTable
 from oncemore.config.values import OffsetBound
 from oncemore.core.coordinates import nested
 from oncemore.core.errors import CommitConflict, PlanError
@@ -25,16 +26,17 @@ from oncemore.plan.commitinfo import CommitInfo, Reset
 from oncemore.plan.continuity import check_owner
 from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import first_offsets
+from oncemore.plan.tables import Ledgers
 
 
 def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_over: bool = False,
           topics: Iterable[str] = (), dry_run: bool = False) -> dict[str, Any]:
     """Sets the positions of the partitions ``to`` names (all of them but for explicit offsets) of
-    ``topics`` (default: every topic of the pipeline) in both tables. Nothing else moves: every
-    other partition keeps each table's own position as the snapshot the reset commits on holds it
-    (a run committing meanwhile is kept, not undone), and the quarantine table's may be ahead after
-    a crash between the two commits of a batch, which is the floor that keeps its rows from being
-    written twice. A topic that has no position yet gets its first ones from the reset: the
+    ``topics`` (default: every topic of the pipeline) in every table of the pipeline (with routes,
+    each route's and the quarantine table's). Nothing else moves: every other partition keeps each
+    table's own position as the snapshot the reset commits on holds it (a run committing meanwhile
+    is kept, not undone), and a table's may be ahead after a crash between the commits of a batch,
+    which is the floor that keeps its rows from being written twice. A topic that has no position yet gets its first ones from the reset: the
     partitions it does not name start where a run would have started them (``starting_offsets``).
 
     The reset is decided on the positions it reads first; if the snapshot it commits on holds
@@ -55,13 +57,12 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
                         f"({', '.join(sorted(chosen))}) of the pipeline's ({', '.join(state.topics)})",
                         pipeline=pipeline.name, topic=outside[0])
     log = clients.log_bounds(admin, pipeline, [p for p in state.partitions if p.topic in chosen])
-    options = pipeline.sink.storage_options
-    main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
-    quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
-    table = main.snapshot()
-    for topic in sorted(chosen):
-        check_owner(pipeline, main, table, topic, take_over)
-    seen = main.positions(log, table)
+    ledgers = Ledgers(pipeline)
+    for ledger in ledgers.by_tag().values():
+        table = ledger.snapshot()
+        for topic in sorted(chosen):
+            check_owner(pipeline, ledger, table, topic, take_over)
+    seen = ledgers.positions(log)
     resolved = bounds.resolve(admin, pipeline, to, log, range_starts={p: None for p in log},
                               default={p: None for p in log})
     named = {p: offset for p, offset in resolved.items() if offset is not None}
@@ -74,17 +75,21 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
             )
     # A topic's first positions are recorded for all its partitions at once (as a run's first
     # batch does): afterwards a partition without one is taken for one added to the topic later.
-    # (In the quarantine table they stay without: its position is only ever a floor.)
+    # (In a quarantine table that only keeps rows they stay without: its position is only ever a floor.)
     new_topics = {p.topic for p in log} - {p.topic for p, v in seen.items() if v is not None}
     unnamed = {p: b for p, b in log.items() if p.topic in new_topics and p not in named}
     target = {**named, **first_offsets(admin, pipeline, {}, unnamed)}
-    quarantine_seen = quarantine.positions(named)
-    # The quarantine table's position only rewinds with the main table's (a deliberate replay): moved
-    # forward, or to where the main table's was, it keeps a floor that is ahead (a crash between a
-    # batch's two commits), or its rows from the target to that floor would be written again.
-    quarantine_target = {p: t if seen[p] is not None and t < seen[p] else max(t, quarantine_seen[p] or t)
-                         for p, t in named.items()}
-    schema = _table_schema(pipeline, main, state.topics)
+    planning = ledgers.planning()
+    moves = {}
+    for tag, ledger in ledgers.by_tag().items():
+        wanted = target if tag in planning else named
+        was = ledger.positions(wanted)
+        # A table's position only rewinds with the pipeline's (a deliberate replay): moved forward, or
+        # to where the pipeline stands, it keeps a position that is ahead (a crash between a part's
+        # commits), or its rows from the target to that position would be written again.
+        moves[ledger] = (was, {p: t if seen[p] is not None and t < seen[p] else max(t, t if was[p] is None else was[p])
+                               for p, t in wanted.items()})
+    schemas = {tag: _table_schema(pipeline, table, ledger, state.topics) for tag, (table, ledger) in ledgers.data.items()}
     if dry_run:  # the tables' checks a reset would make, read-only
         failed = [c for c in table_checks(pipeline) if not c.ok]
         if failed:
@@ -92,13 +97,13 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
                             pipeline=pipeline.name)
         return {"pipeline": pipeline.name, "topics": state.topics, "from": {p: seen[p] for p in target},
                 "to": target, "versions": {}}
-    ensure_tables(pipeline, schema)
+    ensure_tables(pipeline, schemas)
     run_id = run_id or f"oncemore-reset-{uuid.uuid4().hex[:12]}"
     versions = {}
-    # Main table first: a crash before the quarantine commit leaves the quarantine table's floor
-    # where it was, which only ever keeps a quarantine row from being written twice.
-    for ledger, was, now in ((main, {p: seen[p] for p in target}, target),
-                             (quarantine, quarantine_seen, quarantine_target)):
+    # The data tables first, the quarantine table last: a crash before the quarantine commit of a
+    # pipeline without routes leaves its floor where it was, which only ever keeps a quarantine row
+    # from being written twice.
+    for ledger, (was, now) in moves.items():
         record = CommitInfo(
             pipeline=pipeline.name, run_id=run_id, until=to.describe(),
             # The IDs of the topics reset only: another topic's positions keep the identity they
@@ -113,25 +118,26 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
         except CommitConflict as conflict:
             if not versions:
                 raise
-            raise CommitConflict(f"{conflict} (the main table's reset landed as version {versions[main.table_uri]}: "
-                                 "the same reset again sets the quarantine table's)", **conflict.evidence) from None
+            done = ", ".join(f"{uri} version {v}" for uri, v in versions.items())
+            raise CommitConflict(f"{conflict} (the reset of {done} landed: the same reset again sets the other "
+                                 "tables')", **conflict.evidence) from None
     return {"pipeline": pipeline.name, "topics": state.topics, "from": {p: seen[p] for p in target}, "to": target,
             "versions": versions}
 
 
-def _table_schema(pipeline: Pipeline, main: Ledger, topics: list[str]):
-    """The main table's schema: the table's own, or for a table still to create, the records'."""
+def _table_schema(pipeline: Pipeline, table: DataTable, ledger: Ledger, topics: list[str]):
+    """A data table's schema: the table's own, or for a table still to create, its records'."""
     from oncemore.commit.evolution import arrow_schema
     from oncemore.decode.resolve import registries, resolve
     from oncemore.decode.rows import decoded_columns
 
-    table = main.snapshot()
-    if table is not None:
+    found = ledger.snapshot()
+    if found is not None:
         from pyspark.sql.types import StructType
 
-        return arrow_schema(StructType.fromJson(json.loads(table.schema().to_json())))
+        return arrow_schema(StructType.fromJson(json.loads(found.schema().to_json())))
     if pipeline.shapes_in_spark:
-        raise PlanError(f"pipeline {pipeline.name}: table {pipeline.sink.table_uri} does not exist yet and its "
+        raise PlanError(f"pipeline {pipeline.name}: table {table.table_uri} does not exist yet and its "
                         "transform makes its schema: run the pipeline once (or reset after the first run)",
                         pipeline=pipeline.name)
-    return decoded_columns(resolve(pipeline, topics), *registries(pipeline))
+    return decoded_columns(resolve(pipeline, topics, table), *registries(pipeline))

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from oncemore.commit.share import QuarantineLimit, commonest, reason_kind, share_text, value_head
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
+from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_TAG, TOPIC_COLUMN
 from oncemore.core.coordinates import KafkaPartition, OffsetRange
 from oncemore.core.errors import OncemoreError
 from oncemore.decode.resolve import registries, resolve
@@ -29,7 +29,7 @@ from oncemore.kafka import clients
 from oncemore.kafka.batches import RangeRecords
 from oncemore.ops.check import Check
 from oncemore.ops.check import _cause as cause  # one way to say a failed check's cause
-from oncemore.run.prepare import table_schema, task_spec
+from oncemore.run.prepare import Prepared, PreparedTable, table_schema
 from oncemore.run.tasks import sample_ranges
 
 # Offset runs shown per kind of reason.
@@ -44,6 +44,7 @@ class Sample:
     records: int = 0
     written: int = 0
     filtered: int = 0
+    unrouted: int = 0  # no route took them, and the pipeline skips those
     quarantined: list[tuple[str, str, int, int]] = field(default_factory=list)  # (reason, topic, partition, offset)
     values: dict[tuple[str, int, int], bytes | None] = field(default_factory=dict)  # the records' bytes, by coordinates
     run_fails: str | None = None  # why a run would fail on these records (an expectation with on_fail: fail, ...)
@@ -70,21 +71,26 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
     found = Sample(ranges)
     if not ranges:
         return found
-    records = resolve(pipeline, sorted(source.identities))
     settings = registries(pipeline)
-    schema = table_schema(pipeline, records, settings, spark_factory)
-    spec = task_spec(pipeline, records, schema, {p: 0 for p in ranges}, settings)  # floors 0: every bad row kept here
+    tables = {}
+    for table in pipeline.tables:  # with routes, each route's records as its own format reads them
+        records = resolve(pipeline, sorted(source.identities), table)
+        tables[table.tag] = PreparedTable(records, table_schema(pipeline, records, settings, spark_factory, table))
+    prepared = Prepared(tables, settings)
+    # Floors 0: every row kept here, none taken for held by a table.
+    spec = prepared.task_spec(pipeline, {tag: {p: 0 for p in ranges} for tag in [*tables, QUARANTINE_TAG]})
     stall = pipeline.source.stall_timeout_seconds
     with clients.range_consumer(clients.consumer_config(pipeline), pipeline.name) as consumer:
         read = (RangeRecords(consumer, p.topic, p.partition, start, end, stall, f"pipeline {pipeline.name}: {p}",
-                             headers=records.headers) for p, (start, end) in ranges.items())
-        results, good, bad = sample_ranges(read, spec, spec.decoder(), not pipeline.shapes_in_spark)
+                             headers=spec.reads_headers) for p, (start, end) in ranges.items())
+        results, good, bad = sample_ranges(read, spec, spec.decoders(), not pipeline.shapes_in_spark)
     found.records = sum(r.records for r in results)
+    found.unrouted = sum(r.unrouted for r in results)
     found.ahead = [r.schema_ahead for r in results if r.schema_ahead is not None]
     _quarantine(found, bad.column("error").to_pylist(), bad)
     found.values = {(t, p, o): v for t, p, o, v in zip(*(bad.column(c).to_pylist() for c in (
         TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, "value")))}
-    decoded = sum(t.num_rows for t in good)
+    decoded = sum(t.num_rows for _, t in good)
     if not pipeline.shapes_in_spark or not decoded:
         found.written = decoded
         return found
@@ -141,7 +147,7 @@ def _lines(pipeline: Pipeline, count: int, found: Sample) -> list[Check]:
     quarantined = len(found.quarantined)
     limit = QuarantineLimit(pipeline.quarantine.max_fraction, pipeline.quarantine.min_quarantined)
     figures = (f"{read}, {found.written} would be written, {share_text(quarantined, found.records)}, "
-               f"{found.filtered} filtered")
+               f"{found.filtered} filtered" + (f", {found.unrouted} unrouted (skipped)" if found.unrouted else ""))
     if limit.exceeded(quarantined, found.records):
         verdict = Check(name, what, f"{figures}: more than the limit of {limit.max_fraction:.0%} "
                                     "(quarantine.max_fraction): a run would fail on a batch like this")

@@ -16,7 +16,11 @@ rows a deliberate deletion (``oncemore delete``) removed from the table, by thei
 accepted change of ``upsert.sequence_by`` (``oncemore resequence``), from and to; 9 ``hours``: rows
 written and quarantined per hour of their Kafka timestamp (core/hours.py), and
 ``quarantine_accepted``: the batch quarantined more than the pipeline's limit and a run accepting
-it committed it (commit/share.py).
+it committed it (commit/share.py); 10 routes (config/routes.py): ``route``, the route whose table a
+commit is in, and ``records.unrouted``, in a routed pipeline's quarantine table, the records no route
+took that the pipeline skips. Each of a routed pipeline's tables records its own range and what of
+it is its own: a route table's commit its ``written`` rows, the quarantine table's its
+``quarantined`` rows and the ``unrouted`` records skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from oncemore import __version__
 from oncemore.core.coordinates import KafkaPartition, flat
 
 METADATA_KEY = "oncemore"
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 Nested = Mapping[str, Mapping[str, Any]]  # {topic: {partition: value}}
 
@@ -88,6 +92,7 @@ class CommitInfo:
     deletion: Deletion | None = None
     stream_ms: Nested = field(default_factory=dict)  # {topic: {partition: ms}}: upserts, the greatest Kafka timestamp read
     resequence: Mapping[str, str] | None = None  # {"from": expression, "to": expression}; "": none
+    route: str | None = None  # a routed pipeline's route table: the route (the value of routes.by)
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 

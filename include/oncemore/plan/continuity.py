@@ -127,11 +127,11 @@ def check_owner(pipeline: Pipeline, ledger: Ledger, table, topic: str, take_over
         known = {fingerprint(name): name for name in [e.record.pipeline for e in recent] + known_pipeline_names()}
         other = known.get(owner, "another pipeline (not among this table's recent commits or the configured pipelines)")
     raise TableOwned(
-        f"pipeline {pipeline.name}: topic {topic} is ingested into {pipeline.sink.table_uri} by pipeline {other}; a "
+        f"pipeline {pipeline.name}: topic {topic} is ingested into {ledger.table_uri} by pipeline {other}; a "
         f"table belongs to one pipeline, and a second one would ingest every record again. Point {pipeline.name} at "
         f"another table, or hand the topic over deliberately: `oncemore reset {pipeline.name} --to ... --take-over` "
         f"({other}'s runs are refused from then on).",
-        pipeline=pipeline.name, topic=topic, table_uri=pipeline.sink.table_uri, owner=other,
+        pipeline=pipeline.name, topic=topic, table_uri=ledger.table_uri, owner=other,
     )
 
 
@@ -152,7 +152,7 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
     its pattern: the topics it reads now are new to it, and start at ``starting_offsets``); else
     PositionsMissing, naming why: the table is another pipeline's, another tool's, or the positions
     of a topic it still reads expired."""
-    where = f"pipeline {pipeline.name}: table {pipeline.sink.table_uri} (version {table.version()})"
+    where = f"pipeline {pipeline.name}: table {ledger.table_uri} (version {table.version()})"
     own = ledger.newest_batch(table)
     if own is None:
         others = sorted({e.record.pipeline for e in ledger.recent_commits(RECENT_HISTORY, table)})
@@ -161,7 +161,7 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
                 f"{where} belongs to pipeline {', '.join(others)}: its oncemore commits are by {', '.join(others)}, "
                 f"none by {pipeline.name}. A table belongs to one pipeline: point {pipeline.name}'s sink.table_uri at "
                 "a table of its own.",
-                pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, owners=others, version=table.version())
+                pipeline=pipeline.name, table_uri=ledger.table_uri, owners=others, version=table.version())
         kept = ledger.kept_versions(table)
         if kept and kept[0] > 0:
             raise PositionsMissing(
@@ -169,13 +169,13 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
                 f"commits before version {kept[0]} (delta.logRetentionDuration): positions that expired "
                 "(delta.setTransactionRetentionDuration) cannot be told from another tool's data any more, and "
                 f"oncemore does not ingest from starting_offsets over them. {_reach_hint(pipeline, table, topics)}",
-                pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version(),
+                pipeline=pipeline.name, table_uri=ledger.table_uri, version=table.version(),
                 first_kept_version=kept[0])
         raise PositionsMissing(
             f"{where} holds data that no oncemore pipeline committed (another tool wrote it): point "
             f"{pipeline.name}'s sink.table_uri at a table of its own, or start on this one deliberately with "
             f"`oncemore reset {pipeline.name} --to earliest|latest|TIMESTAMP|'{{\"TOPIC\": {{\"0\": OFFSET}}}}'`.",
-            pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version())
+            pipeline=pipeline.name, table_uri=ledger.table_uri, version=table.version())
     stated = ledger.stated_positions(own.version)
     if not ({p.topic for p in stated} | set(own.record.topics)) & set(topics):
         return  # its newest commit was on topics it no longer reads: the ones it reads now are new to it
@@ -186,7 +186,7 @@ def check_positions_kept(pipeline: Pipeline, ledger: Ledger, table, topics: Iter
         "holds them: they expired (delta.setTransactionRetentionDuration). oncemore does not ingest from "
         f"starting_offsets over them. Continue from them deliberately: `oncemore reset {pipeline.name} --to "
         f"'{left}'` (or earliest, latest, a timestamp).",
-        pipeline=pipeline.name, table_uri=pipeline.sink.table_uri, version=table.version(),
+        pipeline=pipeline.name, table_uri=ledger.table_uri, version=table.version(),
         newest_commit=own.version)
 
 

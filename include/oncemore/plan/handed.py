@@ -14,18 +14,19 @@ from oncemore.core.errors import StalePlan, TopicChanged
 from oncemore.core.storage import table_location
 from oncemore.kafka import clients
 from oncemore.plan.continuity import check_positions_held
-from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import Plan
+from oncemore.plan.tables import Ledgers, plan_table_uri
 
 
-def check_plan(pipeline: Pipeline, plan: Plan, main: Ledger) -> Plan:
-    """``plan``, once checked (module docstring) against Kafka and the pipeline's ``main`` table;
-    StalePlan, TopicChanged or PositionsMissing otherwise."""
+def check_plan(pipeline: Pipeline, plan: Plan, ledgers: Ledgers) -> Plan:
+    """``plan``, once checked (module docstring) against Kafka and the pipeline's tables (the
+    ``ledgers`` it plans from: the main table's, or with routes every table's); StalePlan,
+    TopicChanged or PositionsMissing otherwise."""
     where = f"pipeline {pipeline.name}"
     mismatches = [
         (what, planned, configured) for what, planned, configured in (
             ("pipeline", plan.pipeline, pipeline.name),
-            ("table", table_location(plan.table_uri), table_location(pipeline.sink.table_uri)),
+            ("table", table_location(plan.table_uri), table_location(plan_table_uri(pipeline))),
         ) if planned != configured
     ]
     foreign = [t for t in plan.topics if not pipeline.source.subscribes(t)]
@@ -47,6 +48,7 @@ def check_plan(pipeline: Pipeline, plan: Plan, main: Ledger) -> Plan:
                 + "; nothing was read",
                 topic=topic, planned_topic_id=planned.topic_id, topic_id=now.topic_id if now else None,
             )
-    table = main.snapshot()
-    check_positions_held(pipeline, main, table, main.positions(plan.positions, table))
+    for ledger in ledgers.planning().values():
+        table = ledger.snapshot()
+        check_positions_held(pipeline, ledger, table, ledger.positions(plan.positions, table))
     return plan

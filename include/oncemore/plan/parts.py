@@ -1,9 +1,10 @@
-"""What is left of a planned batch, read from both tables' positions: the next part a run reads
-(PartPlan), part after part, until the main table holds the whole batch.
+"""What is left of a planned batch, read from the tables' positions: the next part a run reads
+(PartPlan), part after part, until the pipeline's tables hold the whole batch.
 
-Invariant: a part starts at the main table's position, never before it, so what the table holds is
-never read again; the quarantine table's own positions say which of its rows a crash between a
-part's two commits already committed (its floors).
+Invariant: a part starts where the pipeline stands (tables.py: the main table's position, or for
+routes the lowest of its tables'), never before it, so what every table holds is never read again;
+each table's own position says which of the part's records it already holds (its floors: a crash
+between a part's commits committed them).
 """
 
 from __future__ import annotations
@@ -12,30 +13,37 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from oncemore.core.coordinates import KafkaPartition, OffsetRange
-from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import Batch
+from oncemore.plan.tables import QUARANTINE, Ledgers, floors, start
 
 
 @dataclass(frozen=True)
 class PartPlan:
-    """The next part of ``batch``: the main table's ``positions`` of the batch's partitions, what
-    is ``left`` of each range from there, and the quarantine table's positions of those."""
+    """The next part of ``batch``: where the pipeline stands for the batch's partitions
+    (``positions``), what is ``left`` of each range from there, and each table's own positions of
+    those (``held``, by tag, the quarantine table's included)."""
 
     batch: Batch
     positions: Mapping[KafkaPartition, int | None]
     left: Mapping[KafkaPartition, OffsetRange]
-    quarantine_positions: Mapping[KafkaPartition, int | None]
+    held: Mapping[str, Mapping[KafkaPartition, int | None]]
+    routed: bool = False
 
-    def floors(self) -> dict[KafkaPartition, int]:
-        """Per partition left, the first offset the quarantine table still needs."""
-        return {p: max(r.start, self.quarantine_positions[p] or 0) for p, r in self.left.items()}
+    def floors(self, tag: str = QUARANTINE) -> dict[KafkaPartition, int]:
+        """Per partition left, the first offset table ``tag`` still needs (tables.floors)."""
+        return floors(self.held, self.routed, tag, {p: r.start for p, r in self.left.items()})
 
 
-def next_part(batch: Batch, main: Ledger, quarantine: Ledger, where: str) -> PartPlan | None:
-    """What is left of ``batch`` at the tables' current positions; None once the main table holds
-    it whole. StalePlan when a position lies outside the batch (Batch.remaining)."""
-    positions = main.positions(batch.expected_positions)
+def next_part(batch: Batch, ledgers: Ledgers, where: str) -> PartPlan | None:
+    """What is left of ``batch`` at the tables' current positions; None once the tables hold it
+    whole. StalePlan when a position lies outside the batch (Batch.remaining)."""
+    keys = list(batch.expected_positions)
+    planning = {tag: ledger.positions(keys) for tag, ledger in ledgers.planning().items()}
+    positions = start(planning, keys)
     left = batch.remaining(positions, where)
     if not left:
         return None
-    return PartPlan(batch, positions, left, quarantine.positions(left))
+    held = {tag: {p: v for p, v in found.items() if p in left} for tag, found in planning.items()}
+    if not ledgers.routed:
+        held[QUARANTINE] = ledgers.quarantine.positions(left)
+    return PartPlan(batch, positions, left, held, ledgers.routed)

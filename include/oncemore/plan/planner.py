@@ -24,7 +24,7 @@ from oncemore.kafka.clients import PartitionBounds, TopicIdentity
 from oncemore.plan import bounds as bounds_
 from oncemore.plan.commitinfo import Gap
 from oncemore.plan.continuity import check_continuity
-from oncemore.plan.ledger import Ledger
+from oncemore.plan.tables import Ledgers, plan_table_uri, start
 
 LATEST = OffsetBound(kind="latest")
 # Share of a byte budget planned from record sizes already seen: sizes vary, a cut task wastes work.
@@ -200,11 +200,17 @@ def plan(
                 for key in keys:
                     del ranges[key]
 
-    batches = _chunk(pipeline.limits.max_records_per_commit, ranges, positions, gaps)
+    anchors = {}
+    if pipeline.routes is not None:
+        # A routed pipeline's tables each record a partition before any record of it is read
+        # (tables.py): a table without a position is then never one a crash left behind.
+        anchors = {p: OffsetRange(r.topic, r.partition, r.start, r.start) for p, r in ranges.items()
+                   if positions.get(p) is None and r.count}
+    batches = _chunk(pipeline.limits.max_records_per_commit, ranges, positions, gaps, anchors)
     return Plan(
         pipeline=pipeline.name,
         topics=tuple(sorted({p.topic for p in bounds})),
-        table_uri=pipeline.sink.table_uri,
+        table_uri=plan_table_uri(pipeline),
         until=until,
         batches=tuple(batches),
         identities=dict(identities or {}),
@@ -218,14 +224,20 @@ def _chunk(
     ranges: Mapping[KafkaPartition, OffsetRange],
     positions: Mapping[KafkaPartition, int | None],
     gaps: Mapping[KafkaPartition, Gap],
+    anchors: Mapping[KafkaPartition, OffsetRange] | None = None,
 ) -> list[Batch]:
     """Splits ranges into batches of at most ``max_records`` offsets, sharing each batch fairly
     between partitions. Ranges with nothing to read (anchors, gap-only) ride in the first batch;
-    a gap is recorded by the batch that moves its partition across it."""
+    a gap is recorded by the batch that moves its partition across it. ``anchors``: ranges with
+    nothing to read that make a first batch of their own, before their partitions' records."""
     cursor = {p: r.start for p, r in ranges.items()}
     expected = {p: positions.get(p) for p in ranges}
     pending = [p for p, r in ranges.items() if r.count == 0]
     batches: list[Batch] = []
+    if anchors:
+        batches.append(Batch(seq=0, ranges=tuple(sorted(anchors.values())),
+                             expected_positions={p: expected[p] for p in anchors}))
+        expected.update({p: r.start for p, r in anchors.items()})
     while True:
         open_partitions = sorted((p for p in ranges if cursor[p] < ranges[p].end), key=lambda p: (ranges[p].end - cursor[p], p))
         if not open_partitions and not pending:
@@ -304,10 +316,12 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     admin = admin or clients.admin_client(pipeline)
     state = clients.describe_source(admin, pipeline)
     log = clients.log_bounds(admin, pipeline, state.partitions)
-    ledger = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
-    table = ledger.snapshot()
-    positions = ledger.positions(state.partitions, table)
-    check_continuity(pipeline, ledger, table, positions, state.identities, log)
+    held = {}
+    for tag, ledger in Ledgers(pipeline).planning().items():
+        table = ledger.snapshot()
+        held[tag] = ledger.positions(state.partitions, table)
+        check_continuity(pipeline, ledger, table, held[tag], state.identities, log)
+    positions = start(held, state.partitions)
     starts = first_offsets(admin, pipeline, positions, log)
     range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
     # Explicit `until` offsets leave unnamed partitions where they are.

@@ -49,7 +49,7 @@ def overview(pipeline: Pipeline, detail: bool = False, kafka: ClusterLookups | N
         data["error"] = None
     except Exception as exc:  # noqa: BLE001 - one broken pipeline must not hide the others
         data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
-                "table_uri": pipeline.sink.table_uri, "error": f"{type(exc).__name__}: {exc}"}
+                "table_uri": pipeline.sink.table_uri or ", ".join(t.table_uri for t in pipeline.tables), "error": f"{type(exc).__name__}: {exc}"}
     return data
 
 

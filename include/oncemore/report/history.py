@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # tablescan imports PySpark: the oncemore page reads results 
 TASK_BYTES = 128 << 20  # Parquet bytes per Spark task
 
 # A snapshot's file: (quarantine, table root, path, its partition values as text, the positions of
-# its rows a deletion vector deletes, size).
-File = tuple[bool, str, str, dict, list[int], int]
+# its rows a deletion vector deletes, size, the index of its table among the audited ones).
+File = tuple[bool, str, str, dict, list[int], int, int]
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def versions_at(pieces: dict[int, Piece], p: KafkaPartition, offset: int) -> tup
                  if piece.partition == p and piece.start <= offset < piece.end), ())
 
 
-def snapshot_files(quarantine: bool, table, table_uri: str) -> list[File]:
-    """The snapshot's files (``File``); partition values as text, as the paths hold them."""
+def snapshot_files(quarantine: bool, table, table_uri: str, index: int | None = None) -> list[File]:
+    """The snapshot's files (``File``); partition values as text, as the paths hold them. ``index``:
+    the table's among the audited ones (default: 0 for the main table, 1 for the quarantine table)."""
     from urllib.parse import unquote
 
     import pyarrow as pa
@@ -119,8 +120,9 @@ def snapshot_files(quarantine: bool, table, table_uri: str) -> list[File]:
                for uri, mask in zip(vectors.get("filepath", []), vectors.get("selection_vector", []))}
     actions = pa.table(table.get_add_actions(flatten=False)).to_pydict()
     values = actions.get("partition") or [None] * len(actions["path"])
+    index = int(quarantine) if index is None else index
     found = [(quarantine, table_uri, path, {k: None if v is None else str(v) for k, v in (parts or {}).items()},
-              [], size)
+              [], size, index)
              for path, parts, size in zip(actions["path"], values, actions["size_bytes"])]
     for uri, rows in deleted.items():
         matching = [f for f in found if uri.endswith("/" + unquote(f[2]).lstrip("/"))]
@@ -131,14 +133,14 @@ def snapshot_files(quarantine: bool, table, table_uri: str) -> list[File]:
     return found
 
 
-def scan_tasks(files: list[File], slots: int) -> list[list[tuple[bool, str, str, dict, list[int]]]]:
+def scan_tasks(files: list[File], slots: int) -> list[list[tuple[bool, str, str, dict, list[int], int]]]:
     """The files in about as many tasks as slots, or TASK_BYTES each, whichever is more, by size."""
     total = sum(f[5] for f in files)
     count = min(len(files), max(slots, -(-total // TASK_BYTES)))
     tasks: list[list] = [[] for _ in range(count)]
     load = [0] * count
-    for quarantine, root, path, values, deleted, size in sorted(files, key=lambda f: -f[5]):
+    for quarantine, root, path, values, deleted, size, index in sorted(files, key=lambda f: -f[5]):
         lightest = load.index(min(load))
-        tasks[lightest].append((quarantine, root, path, values, deleted))
+        tasks[lightest].append((quarantine, root, path, values, deleted, index))
         load[lightest] += size
     return [t for t in tasks if t]

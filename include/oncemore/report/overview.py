@@ -25,7 +25,10 @@ from oncemore.config.values import format_timestamp_ms
 from oncemore.core import hours
 from oncemore.core.storage import filesystem
 from oncemore.kafka.cluster import ClusterLookups
+from oncemore.core.columns import ROUTE_TAG_PREFIX
 from oncemore.plan.ledger import CommitEntry, Ledger
+from oncemore.plan.tables import Ledgers
+from oncemore.report.parts import routed_batches
 from oncemore.report.status import UPSERT_COUNTS, describe_rate, status
 from oncemore.report.verdict import Discrepancy, last_result
 
@@ -40,17 +43,17 @@ HOURS_SHOWN = 7 * 24  # the per-hour series' newest hours
 # The page's ledgers live as long as the process (the API server): a view only brings their
 # snapshots up to date and reads the commits that landed since the last view. One view of a
 # pipeline at a time uses them.
-_LEDGERS: dict[tuple, tuple[Ledger, Ledger, threading.Lock]] = {}
+_LEDGERS: dict[tuple, tuple[Ledgers, threading.Lock]] = {}
 _LEDGERS_LOCK = threading.Lock()
 
 
-def _ledgers(pipeline: Pipeline) -> tuple[Ledger, Ledger, threading.Lock]:
+def _ledgers(pipeline: Pipeline) -> tuple[Ledgers, threading.Lock]:
     sink = pipeline.sink
-    key = (pipeline.name, sink.table_uri, sink.quarantine_uri, tuple(sorted(sink.storage_options.items())))
+    key = (pipeline.name, tuple(t.table_uri for t in pipeline.tables), sink.quarantine_uri,
+           tuple(sorted(sink.storage_options.items())))
     with _LEDGERS_LOCK:
         if key not in _LEDGERS:
-            _LEDGERS[key] = (Ledger(sink.table_uri, pipeline.name, sink.storage_options),
-                             Ledger(sink.quarantine_uri, pipeline.name, sink.storage_options), threading.Lock())
+            _LEDGERS[key] = (Ledgers(pipeline), threading.Lock())
         return _LEDGERS[key]
 
 
@@ -58,20 +61,25 @@ def pipeline_overview(pipeline: Pipeline, detail: bool = False, kafka: ClusterLo
     """The pipeline's status and recent batches; with ``detail``, also the series the pipeline
     page plots and a sample of quarantined records. ``kafka``: the lookups pipelines read
     together share (kafka/cluster.py)."""
-    main, quarantine, lock = _ledgers(pipeline)
+    ledgers, lock = _ledgers(pipeline)
     with lock:
-        return _overview(pipeline, main, quarantine, detail, kafka)
+        return _overview(pipeline, ledgers, detail, kafka)
 
 
-def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool,
-              kafka: ClusterLookups | None) -> dict[str, Any]:
-    history = main.recent_batches(HISTORY_COMMITS)
-    data = status(pipeline, history, main, quarantine, kafka)
+def _overview(pipeline: Pipeline, ledgers: Ledgers, detail: bool, kafka: ClusterLookups | None) -> dict[str, Any]:
+    if ledgers.routed:  # the parts its tables committed, with the versions of each part's commits
+        history, versions = routed_batches(ledgers.by_tag(), HISTORY_COMMITS)
+    else:
+        history, versions = ledgers.main.recent_batches(HISTORY_COMMITS), None
+    data = status(pipeline, history, ledgers, kafka)
     now_ms = int(time.time() * 1000)
     data["last_commit"] = {**_batch(history[0]), "age_seconds": max(now_ms - history[0].timestamp_ms, 0) / 1000} \
         if history else None
     data["quarantined_24h"] = quarantined_since(history, now_ms - _DAY_MS)
     data["batches"] = [_batch(e) for e in history[:BATCHES_SHOWN]]
+    if versions is not None:
+        for batch, made in zip(data["batches"], versions):
+            batch["tables"] = {tag.removeprefix(ROUTE_TAG_PREFIX): v for tag, v in sorted(made.items())}
     data["history"] = {"commits": len(history), "since": format_timestamp_ms(history[-1].timestamp_ms) if history else None}
     data["verified"] = _verified(pipeline)
     data["quarantine"]["line"] = describe_rate(data["quarantine"])
@@ -80,7 +88,7 @@ def _overview(pipeline: Pipeline, main: Ledger, quarantine: Ledger, detail: bool
         data["lag_after_commit"] = [{"time": format_timestamp_ms(e.timestamp_ms), "version": e.version,
                                      "lag": sum(e.record.lag().values())}
                                     for e in reversed(history) if e.record.log_end]
-        data["quarantine_sample"] = quarantine_sample(pipeline, quarantine)
+        data["quarantine_sample"] = quarantine_sample(pipeline, ledgers.quarantine)
     return data
 
 
@@ -160,7 +168,8 @@ def _batch(entry: CommitEntry) -> dict[str, Any]:
         "batch_seq": record.batch_seq,
         "ranges": {str(p): list(r) for p, r in sorted(record.partition_ranges().items())},
         "written": record.records.get("written", 0), "quarantined": record.records.get("quarantined", 0),
-        "filtered": record.records.get("filtered", 0), "expectations": dict(record.expectations),
+        "filtered": record.records.get("filtered", 0), "unrouted": record.records.get("unrouted", 0),
+        "expectations": dict(record.expectations),
         "quarantine_rate": _rate(record.records), "quarantine_accepted": record.quarantine_accepted,
         "duration_seconds": record.duration_ms / 1000 if record.duration_ms else None,
         "reset": record.reset is not None,

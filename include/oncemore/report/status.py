@@ -1,5 +1,6 @@
 """Reading a pipeline back: per-partition status (positions, log bounds, lag in records and in
-time), the quarantine rate of its recent batches beside its ``quarantine`` limit, an upsert
+time; with routes, each table's positions and where one is behind), the quarantine rate of its
+recent batches beside its ``quarantine`` limit, an upsert
 pipeline's recent batches by what their events did (inserted, updated, deleted, stale:
 commit/merge.py's counts, as each commit's record states them), and the freshness check of a
 pipeline's ``alert`` limits; with ``sink.catalog``, whether its tables are registered there
@@ -20,7 +21,9 @@ from oncemore.core.errors import OncemoreError
 from oncemore.kafka.cluster import ClusterLookups
 from oncemore.plan.bounds import first_matching
 from oncemore.plan.commitinfo import CommitEntry
-from oncemore.plan.ledger import Ledger
+from oncemore.core.columns import ROUTE_TAG_PREFIX
+from oncemore.plan.tables import QUARANTINE, Ledgers
+from oncemore.report.parts import routed_batches
 
 # Commits of recent history searched for each partition's last commit.
 STATUS_HISTORY = 50
@@ -35,25 +38,24 @@ class FreshnessAlert(OncemoreError):
     """A pipeline is further behind its topic than its ``alert`` limits allow."""
 
 
-def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main: Ledger | None = None,
-           quarantine: Ledger | None = None, kafka: ClusterLookups | None = None) -> dict[str, Any]:
-    """Per partition: the committed position, the log's bounds (``log_end`` is the last stable
+def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, ledgers: Ledgers | None = None,
+           kafka: ClusterLookups | None = None) -> dict[str, Any]:
+    """Per partition: the committed position (with routes, where the pipeline stands: the lowest
+    of its tables', each table's beside it), the log's bounds (``log_end`` is the last stable
     offset), the lag in records, the lag in time (``lag_seconds``: the age of the first record not
     yet ingested) and the partition's last commit among ``recent`` (this pipeline's recent
-    batches, newest first; read from the table when not given). ``main`` and ``quarantine``: the
-    tables' ledgers when the caller keeps them (their snapshots are then only updated); ``kafka``:
-    the lookups the pipelines read together share (one admin client per cluster)."""
-    options = pipeline.sink.storage_options
+    batches, newest first; read from the tables when not given). ``ledgers``: the tables' ledgers
+    when the caller keeps them (their snapshots are then only updated); ``kafka``: the lookups the
+    pipelines read together share (one admin client per cluster)."""
     kafka = kafka or ClusterLookups()
     state = kafka.describe_source(pipeline)
     bounds = kafka.log_bounds(pipeline, state.partitions)
-    main = main or Ledger(pipeline.sink.table_uri, pipeline.name, options)
-    quarantine = quarantine or Ledger(pipeline.sink.quarantine_uri, pipeline.name, options)
-    table = main.snapshot()
-    positions = main.positions(state.partitions, table)
-    quarantine_positions = quarantine.positions(state.partitions)
+    ledgers = ledgers or Ledgers(pipeline)
+    positions = ledgers.positions(state.partitions)
+    held = ledgers.held(state.partitions)
+    quarantine_positions = held[QUARANTINE]
     if recent is None:
-        recent = main.recent_batches(STATUS_HISTORY, table)
+        recent = recent_batches(ledgers, STATUS_HISTORY)
     last_commit: dict[KafkaPartition, CommitEntry] = {}
     for entry in recent:
         for partition in entry.record.partition_ranges():
@@ -77,11 +79,14 @@ def status(pipeline: Pipeline, recent: Sequence[CommitEntry] | None = None, main
             "last_commit": format_timestamp_ms(last_commit[p].timestamp_ms) if p in last_commit else None,
             "last_commit_version": last_commit[p].version if p in last_commit else None,
         })
+    main = ledgers.main.snapshot() if not ledgers.routed else None
     data = {"pipeline": pipeline.name, "subscription": pipeline.source.describe_subscription(),
             "topics": {t: {"topic_id": i.topic_id} for t, i in sorted(state.identities.items())},
-            "table_uri": pipeline.sink.table_uri, "table_version": table.version() if table is not None else None,
-            "partitions": rows, "gone": _gone(pipeline, kafka, main, table, recent, set(state.topics)),
+            "table_uri": pipeline.sink.table_uri, "table_version": main.version() if main is not None else None,
+            "partitions": rows, "gone": _gone(pipeline, kafka, ledgers, recent, set(state.topics)),
             "quarantine": quarantine_rate(pipeline, recent)}
+    if ledgers.routed:
+        data["routes"] = routes_state(pipeline, ledgers, held)
     if pipeline.sink.catalog is not None:
         data["catalog"] = catalog_state(pipeline)
     if pipeline.upsert is not None:
@@ -133,15 +138,42 @@ def upsert_counts(entry: CommitEntry) -> dict[str, Any]:
             **{c: entry.record.records.get(c, 0) for c in UPSERT_COUNTS}}
 
 
-def _gone(pipeline: Pipeline, kafka: ClusterLookups, main: Ledger, table, recent: Sequence[CommitEntry],
+def recent_batches(ledgers: Ledgers, limit: int) -> list[CommitEntry]:
+    """The pipeline's recent batches, newest first: its main table's commits, or with routes the
+    parts its tables committed (report/parts.py)."""
+    if not ledgers.routed:
+        return ledgers.main.recent_batches(limit)
+    return routed_batches(ledgers.by_tag(), limit)[0]
+
+
+def routes_state(pipeline: Pipeline, ledgers: Ledgers, held: dict) -> dict[str, Any]:
+    """A routed pipeline's tables: by route (and the quarantine table), where it is, its version and
+    its own positions, and the partitions where it is behind the others (a crash between a part's
+    commits: the next run commits it alone)."""
+    routes = pipeline.routes
+    highest = {p: max((v for found in held.values() if (v := found[p]) is not None), default=None)
+               for p in held[QUARANTINE]}
+    tables = {}
+    for tag, ledger in ledgers.by_tag().items():
+        table = ledger.snapshot()
+        own = held[tag]
+        tables[tag.removeprefix(ROUTE_TAG_PREFIX)] = {
+            "table_uri": ledger.table_uri, "version": table.version() if table is not None else None,
+            "positions": {str(p): v for p, v in own.items()},
+            "behind": {str(p): [v, highest[p]] for p, v in own.items()
+                       if highest[p] is not None and (v is None or v < highest[p])}}
+    return {"by": routes.by, "unrouted": routes.unrouted, "tables": tables}
+
+
+def _gone(pipeline: Pipeline, kafka: ClusterLookups, ledgers: Ledgers, recent: Sequence[CommitEntry],
           topics: set[str]) -> dict[str, dict[str, Any]]:
     """Topics the pipeline's recent batches read that it reads no longer: deleted from the cluster,
-    or no longer matching its pattern (a rotated topic), with the positions the table keeps for them."""
+    or no longer matching its pattern (a rotated topic), with the positions the tables keep for them."""
     partitions = sorted({p for e in recent for p in e.record.partition_ranges() if p.topic not in topics})
     if not partitions:
         return {}
     existing = kafka.metadata(pipeline).topics
-    held = main.positions(partitions, table)
+    held = ledgers.positions(partitions)
     return {topic: {"why": "no longer subscribed" if topic in existing else "deleted",
                     "positions": {str(p.partition): held[p] for p in partitions if p.topic == topic}}
             for topic in sorted({p.topic for p in partitions})}
@@ -169,7 +201,17 @@ def _position(row: dict[str, Any]) -> str:
 
 
 def format_status(data: dict[str, Any]) -> str:
-    lines = [f"pipeline {data['pipeline']}: topics {', '.join(data['topics'])} -> {data['table_uri']}"]
+    routes = data.get("routes")
+    if routes is None:
+        lines = [f"pipeline {data['pipeline']}: topics {', '.join(data['topics'])} -> {data['table_uri']}"]
+    else:
+        lines = [f"pipeline {data['pipeline']}: topics {', '.join(data['topics'])}, routed by {routes['by']} "
+                 f"(unrouted: {routes['unrouted']}):"]
+        for name, table in routes["tables"].items():
+            what = "quarantine" if name == QUARANTINE else f"route {name}"
+            behind = "; behind: " + ", ".join(f"{p} at {v} (others at {top})" for p, (v, top) in table["behind"].items()) \
+                if table["behind"] else ""
+            lines.append(f"  {what} -> {table['table_uri']} (version {table['version']}){behind}")
     header = ("topic", "partition", "position", "log_start", "log_end", "lag", "lag_seconds", "last_commit")
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:

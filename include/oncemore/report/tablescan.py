@@ -1,6 +1,6 @@
 """Spark Python Data Sources over the files of a pipeline's tables, for ``oncemore verify``:
 ``oncemore_coordinates`` gives each row of the listed Parquet files as (quarantine, topic,
-partition, offset, segment), where ``segment`` is the piece of committed history the offset falls
+partition, offset, segment, table), where ``segment`` is the piece of committed history the offset falls
 in (``Coverage``); ``oncemore_table_rows`` gives the rows themselves, the columns of a schema
 (an upsert table's keys, or its whole rows for ``verify --replay``).
 
@@ -10,7 +10,7 @@ it) is NULL. The files are what the tables' snapshots list (delta-rs on the driv
 compaction and vacuum change which files are read, never which rows.
 
 Options: ``files`` (per Spark task, a list of [quarantine, table root, path, partition values,
-deleted rows]: a column the table is partitioned by is in the path, not the file; the positions
+deleted rows, the index of its table among the audited ones]: a column the table is partitioned by is in the path, not the file; the positions
 of the rows a deletion vector deletes are skipped), ``coverage`` (Coverage as JSON; the
 coordinates), ``schema`` (the columns as an Arrow schema in text, core/columns.py; the rows),
 ``storage.<KEY>`` the storage settings (one option each, so Spark redacts).
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 NAME = "oncemore_coordinates"
 ROWS_NAME = "oncemore_table_rows"
-SCHEMA = "quarantine BOOLEAN, topic STRING, partition INT, offset BIGINT, segment BIGINT"
+SCHEMA = "quarantine BOOLEAN, topic STRING, partition INT, offset BIGINT, segment BIGINT, table INT"
 
 # What a row's segment is when it is no piece of committed history.
 OUTSIDE = -1  # in no committed range of the audited history
@@ -79,7 +79,7 @@ class Coverage:
 
 
 class FilesPartition(InputPartition):
-    def __init__(self, files: list[tuple[bool, str, str, dict, list[int]]]):
+    def __init__(self, files: list[tuple[bool, str, str, dict, list[int], int]]):
         super().__init__(files)
         self.files = files
 
@@ -105,15 +105,15 @@ class _FilesReader(DataSourceReader):
         return [FilesPartition([tuple(f) for f in files]) for files in self.tasks]
 
     def tables(self, task: FilesPartition, schema) -> Iterator:
-        """The rows of the task's files, ``schema``'s columns in its types: (quarantine, a table) per
-        batch read."""
+        """The rows of the task's files, ``schema``'s columns in its types: (quarantine, the index of
+        the file's table, a table) per batch read."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from oncemore.core.storage import filesystem
 
-        for quarantine, root, path, partition_values, deleted in task.files:
+        for quarantine, root, path, partition_values, deleted, index in task.files:
             fs, base = filesystem(root, self.storage)
             deleted, first = np.asarray(deleted, dtype=np.int64), 0
             with fs.open_input_file(f"{base}/{path}") as handle:
@@ -127,7 +127,7 @@ class _FilesReader(DataSourceReader):
                         first += batch.num_rows
                         batch = batch.filter(pa.array(keep))
                     # Other writers' files may hold other encodings (delta-rs writes string_view).
-                    yield quarantine, pa.table([
+                    yield quarantine, index, pa.table([
                         batch.column(f.name).cast(f.type) if f.name in in_file
                         else pa.array([partition_values[f.name]] * batch.num_rows, pa.string()).cast(f.type)
                         if f.name in partition_values else pa.nulls(batch.num_rows, f.type)
@@ -148,8 +148,8 @@ class CoordinatesReader(_FilesReader):
 
         coverage = Coverage.from_json(self.coverage_json)
         schema = pa.schema([(TOPIC_COLUMN, pa.string()), (PARTITION_COLUMN, pa.int32()), (OFFSET_COLUMN, pa.int64())])
-        for quarantine, table in self.tables(task, schema):
-            yield from _placed(table, quarantine, coverage)
+        for quarantine, index, table in self.tables(task, schema):
+            yield from _placed(table, quarantine, index, coverage)
 
 
 class RowsDataSource(DataSource):
@@ -177,7 +177,7 @@ class RowsReader(_FilesReader):
         if task is None:
             return
         schema = _nullable(self.schema_text)
-        for _, table in self.tables(task, schema):
+        for _, _, table in self.tables(task, schema):
             yield from table.to_batches()
 
 
@@ -205,9 +205,10 @@ def table_rows(spark, files, schema, storage_options) -> "DataFrame":
     return reader.load()
 
 
-def _placed(table, quarantine: bool, coverage: Coverage) -> Iterator:
-    """The rows of ``table`` (topic, partition, offset) with their segments, a batch per
-    partition: sorted once by partition, then cut (a file holds a task's many partitions)."""
+def _placed(table, quarantine: bool, index: int, coverage: Coverage) -> Iterator:
+    """The rows of ``table`` (topic, partition, offset; of the audited table ``index``) with their
+    segments, a batch per partition: sorted once by partition, then cut (a file holds a task's many
+    partitions)."""
     import numpy as np
     import pyarrow as pa
 
@@ -226,5 +227,6 @@ def _placed(table, quarantine: bool, coverage: Coverage) -> Iterator:
         yield pa.RecordBatch.from_arrays(
             [pa.array(np.full(len(part), quarantine)), pa.array([topic] * len(part), pa.string()),
              pa.array(np.full(len(part), partition, dtype=np.int32)), pa.array(part, pa.int64()),
-             pa.array(coverage.segments_of(topic, partition, part, quarantine), pa.int64())],
-            names=["quarantine", "topic", "partition", "offset", "segment"])
+             pa.array(coverage.segments_of(topic, partition, part, quarantine), pa.int64()),
+             pa.array(np.full(len(part), index, dtype=np.int32))],
+            names=["quarantine", "topic", "partition", "offset", "segment", "table"])

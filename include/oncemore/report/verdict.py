@@ -1,6 +1,6 @@
 """A verification's verdict (``oncemore verify``): what was audited, the rows counted, and each
-discrepancy by kind with the first few named; kept beside the main table's log as the pipeline's
-last result, for the oncemore page and ``status``.
+discrepancy by kind with the first few named; kept beside the main table's log (a routed
+pipeline's: the quarantine table's) as the pipeline's last result, for the oncemore page and ``status``.
 
 Invariant: a verdict is OK only when no discrepancy of any kind was found; reading the last one
 needs no Spark.
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from oncemore.config.model import Pipeline
 from oncemore.config.values import format_timestamp_ms
 from oncemore.core.storage import filesystem
+from oncemore.plan.tables import plan_table_uri
 
 EXAMPLES = 5  # discrepancies named per kind
 # The last recorded result, for the oncemore page: beside the main table's log, in a directory
@@ -31,10 +32,12 @@ class Discrepancy:
     end: int
     versions: tuple[int, ...]
     detail: str
+    table: str | None = None  # a routed pipeline's: the route (or "quarantine") whose table it is about
 
     def line(self) -> str:
         versions = f" (version {', '.join(map(str, self.versions))})" if self.versions else ""
-        return f"{self.kind}: {self.topic}/{self.partition} [{self.start}, {self.end}){versions}: {self.detail}"
+        table = f" in table {self.table}" if self.table else ""
+        return f"{self.kind}{table}: {self.topic}/{self.partition} [{self.start}, {self.end}){versions}: {self.detail}"
 
 
 @dataclass
@@ -55,6 +58,10 @@ class VerifyReport:
     # missing, extra, deleted_since, unreplayed) and the records compaction removed since.
     events: dict[str, int] | None = None
     replayed: dict[str, int] | None = None
+    # A routed pipeline's: by route (and "quarantine"), its table, version, audited commits and rows;
+    # and the records its quarantine table's commits count as unrouted and skipped.
+    tables: dict[str, dict] | None = None
+    unrouted: int = 0
 
     @property
     def ok(self) -> bool:
@@ -77,7 +84,17 @@ class VerifyReport:
                  f"{self.rows.get('pending', 0)} quarantined for a batch still to commit, "
                  f"{self.rows.get('before', 0)} before the pipeline's kept history, "
                  f"{self.rows.get('deleted', 0)} deleted since by oncemore delete"]
-        if self.events is None:
+        if self.tables is not None:
+            lines[0] = (f"{self.pipeline}: {'OK' if self.ok else 'FAILED'}: {self.commits} commits audited ({audited}) "
+                        "across its route tables and quarantine table")
+            lines[1] = "  rows: " + ", ".join(f"{t['rows']} in {'the quarantine' if name == 'quarantine' else 'route '+ name}"
+                                              f" (version {t['version']})" for name, t in self.tables.items()) + (
+                f", {self.rows.get('before', 0)} before the kept history, {self.rows.get('deleted', 0)} deleted since "
+                "by oncemore delete")
+            lines.append(f"  offsets of the quarantine table's committed ranges in no table: {self.offsets_without_row}"
+                         f" ({self.unrouted} more counted as unrouted and skipped; the rest transaction markers, aborted "
+                         "records, records compaction removed, or a route table's still to commit)")
+        elif self.events is None:
             lines.append(f"  offsets of committed ranges without a row: {self.offsets_without_row} "
                          f"({self.filtered} filtered by the transform, the rest transaction markers, aborted records "
                          "or records compaction removed)")
@@ -95,7 +112,7 @@ class VerifyReport:
 
 def record_result(pipeline: Pipeline, report: VerifyReport) -> None:
     """Keeps ``report`` as the pipeline's last verification (``last_result``), stamped now."""
-    fs, root = filesystem(pipeline.sink.table_uri, pipeline.sink.storage_options)
+    fs, root = filesystem(plan_table_uri(pipeline), pipeline.sink.storage_options)
     fs.create_dir(f"{root}/{RESULT_PATH.rsplit('/', 1)[0]}", recursive=True)
     with fs.open_output_stream(f"{root}/{RESULT_PATH}") as out:
         out.write(json.dumps({**json.loads(report.to_json()), "at": format_timestamp_ms(int(time.time() * 1000)),
@@ -104,7 +121,7 @@ def record_result(pipeline: Pipeline, report: VerifyReport) -> None:
 
 def last_result(pipeline: Pipeline) -> dict | None:
     """The pipeline's last recorded verification (None: never recorded)."""
-    fs, root = filesystem(pipeline.sink.table_uri, pipeline.sink.storage_options)
+    fs, root = filesystem(plan_table_uri(pipeline), pipeline.sink.storage_options)
     try:
         with fs.open_input_stream(f"{root}/{RESULT_PATH}") as source:
             return json.loads(source.read())

@@ -1,6 +1,7 @@
 """``oncemore verify``: the exactly-once contract audited from a pipeline's tables alone.
 
-For the pipeline's commits in the main table's log (every one whose commit file the log keeps;
+A routed pipeline's tables are audited together by verifyroutes.py. For the pipeline's commits
+in the main table's log (every one whose commit file the log keeps;
 ``since`` limits item 3 to the commits from that version on), it checks:
 1. history: per partition, each batch starts where the one before ended, or at the end of a gap
    that batch records, or where a reset put the partition, and a reset moved it from where the
@@ -59,6 +60,10 @@ def verify(pipeline: Pipeline, spark_factory, since: int | None = None, replay: 
     if replay and pipeline.upsert is None:
         raise ConfigError(pipeline.origin, "upsert", "verify --replay compares an upsert table with its change "
                                                      "events; this pipeline appends (verify without --replay audits it)")
+    if pipeline.routes is not None:
+        from oncemore.report.verifyroutes import verify_routes
+
+        return verify_routes(pipeline, spark_factory, since)
     options = pipeline.sink.storage_options
     main = Ledger(pipeline.sink.table_uri, pipeline.name, options)
     table = main.snapshot()

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from oncemore.kafka.batches import RangeRecords
-    from oncemore.run.tasks import TaskSpec
+    from oncemore.run.taskspec import TaskSpec
 
 NAME = "oncemore_kafka"
 INGEST_NAME = "oncemore_ingest"
@@ -146,7 +146,7 @@ class KafkaRangeReader(_RangeReader):
 
 def task_spec(options) -> TaskSpec:
     """The TaskSpec of ``options`` (option ``spec``), with its settings from their own options."""
-    from oncemore.run.tasks import TaskSpec
+    from oncemore.run.taskspec import TaskSpec
 
     return TaskSpec.from_json(options["spec"], _prefixed(options, "storage."), _prefixed(options, "registry.") or None,
                               _prefixed(options, "key.registry.") or None)
@@ -188,7 +188,7 @@ class _TaskReader(_RangeReader):
             for topic, partition, start, end in task.ranges:
                 yield RangeRecords(consumer, topic, partition, start, end, self.stall_timeout,
                                    f"pipeline {self.pipeline}: {topic}/{partition}", self.max_bytes,
-                                   headers=self.spec.records.headers)
+                                   headers=self.spec.reads_headers)
 
 
 class KafkaIngestDataSource(DataSource):
@@ -204,15 +204,15 @@ class KafkaIngestDataSource(DataSource):
 
 
 class KafkaIngestReader(_TaskReader):
-    """Records that stay in Python: each range decoded and written to the task's files of both
-    tables (tasks.TaskFiles); one manifest row (a RangeResult) per range."""
+    """Records that stay in Python: each range routed (with routes), decoded and written to the
+    task's files of its tables (tasks.TaskFiles); one manifest row (a RangeResult) per range."""
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
             return
         from oncemore.run.tasks import ingest_ranges, manifest_batch
 
-        for result in ingest_ranges(self.ranges(task), self.spec, self.spec.decoder(), self.part_starts):
+        for result in ingest_ranges(self.ranges(task), self.spec, self.spec.decoders(), self.part_starts):
             yield manifest_batch(result)
 
 

@@ -31,22 +31,22 @@ from typing import Callable
 
 from oncemore.catalog.registration import register
 from oncemore.commit.groupmirror import GroupMirror
-from oncemore.commit.inputs import AheadRecord, RangeResult
+from oncemore.commit.inputs import AheadRecord, RangeResult, RouteTable
 from oncemore.commit.merge import UpsertSpec
 from oncemore.commit.part import Part, PartOutcome, Written, commit_part
 from oncemore.commit.share import QuarantineLimit
 from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
 from oncemore.core import crashpoints
-from oncemore.core.columns import key_columns
+from oncemore.core.columns import QUARANTINE_TAG, key_columns
 from oncemore.core.coordinates import KafkaPartition, by_text
 from oncemore.core.errors import CatalogError, CommitConflict, MirrorError
 from oncemore.core.stopwatch import RUN_PHASES, Stopwatch, one_line
 from oncemore.decode.resolve import ReaderBehind
 from oncemore.plan.handed import check_plan
-from oncemore.plan.ledger import Ledger
 from oncemore.plan.parts import PartPlan, next_part
 from oncemore.plan.planner import LATEST, Batch, Plan, describe, group_tasks, plan_run, split_tasks
+from oncemore.plan.tables import Ledgers
 from oncemore.run.jobs import ingest_job, shaped_job
 from oncemore.run.prepare import Prepared, follow_writer, prepare
 from oncemore.run.progress import Progress
@@ -73,9 +73,9 @@ def run(
     run_id = run_id or new_run_id()
     watch = Stopwatch()
     with watch.timing("plan"):
-        main = Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options)
-        plan = plan_run(pipeline, until) if plan is None else check_plan(pipeline, plan, main)
-        positions = main.positions(plan.ends()) if plan.batches else {}  # an empty plan reads no table
+        ledgers = Ledgers(pipeline)
+        plan = plan_run(pipeline, until) if plan is None else check_plan(pipeline, plan, ledgers)
+        positions = ledgers.positions(plan.ends()) if plan.batches else {}  # an empty plan reads no table
         pending = plan.pending(positions)
     report = RunReport(pipeline.name, run_id, plan)
     if pending:
@@ -83,7 +83,7 @@ def run(
         crashpoints.reach("planned")
         if spark_factory is None:
             from oncemore.run.session import spark_session as spark_factory
-        state = _Run(pipeline, plan, run_id, main, spark_factory, watch, accept_quarantine)
+        state = _Run(pipeline, plan, run_id, ledgers, spark_factory, watch, accept_quarantine)
         state.prepare(lambda: prepare(pipeline, list(plan.topics), lambda: state.spark))
         state.progress = Progress(pipeline.name, len(plan.batches), plan.offsets_left(positions))
         report.batches = [state.ingest(batch) for batch in plan.batches]
@@ -124,16 +124,15 @@ def _ranges(batch: Batch) -> dict[KafkaPartition, tuple[int, int]]:
 
 
 class _Run:
-    """The state of one run with work to do: the pipeline's two ledgers, the Spark session once
+    """The state of one run with work to do: the pipeline's tables' ledgers, the Spark session once
     needed, the run's preparation (prepare.py), what this run has learned of its partitions' record
     sizes, and where its time went."""
 
-    def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, main: Ledger, spark_factory: Callable[[], object],
-                 watch: Stopwatch, accept_quarantine: bool):
-        self.pipeline, self.plan, self.run_id, self.main, self.watch = pipeline, plan, run_id, main, watch
+    def __init__(self, pipeline: Pipeline, plan: Plan, run_id: str, ledgers: Ledgers,
+                 spark_factory: Callable[[], object], watch: Stopwatch, accept_quarantine: bool):
+        self.pipeline, self.plan, self.run_id, self.ledgers, self.watch = pipeline, plan, run_id, ledgers, watch
         self.quarantine_limit = QuarantineLimit(pipeline.quarantine.max_fraction, pipeline.quarantine.min_quarantined,
                                                 accept_quarantine)
-        self.quarantine = Ledger(pipeline.sink.quarantine_uri, pipeline.name, pipeline.sink.storage_options)
         self.where = f"pipeline {pipeline.name}"
         self.run_phases_recorded = False  # in the record of the run's first commit
         self._spark_factory, self._spark = spark_factory, None
@@ -165,7 +164,7 @@ class _Run:
         """What is left of ``batch``, part after part, until the table holds it whole."""
         report = BatchReport(batch.seq, _ranges(batch))
         followed: AheadRecord | None = None  # the record the reader last changed for
-        part = next_part(batch, self.main, self.quarantine, self.where)
+        part = next_part(batch, self.ledgers, self.where)
         while part is not None:
             outcome = self._ingest_part(part)
             self._account(part, outcome, report)
@@ -184,9 +183,9 @@ class _Run:
                         partition=ahead.partition, offset=ahead.offset, role=ahead.role, schema_id=ahead.schema_id)
                 self.prepare(lambda: follow_writer(self.pipeline, self.prepared, ahead, lambda: self.spark))
                 followed = ahead
-                part = next_part(batch, self.main, self.quarantine, self.where)
+                part = next_part(batch, self.ledgers, self.where)
                 continue
-            following = next_part(batch, self.main, self.quarantine, self.where)
+            following = next_part(batch, self.ledgers, self.where)
             if following == part:
                 # Neither table's positions moved: a part that lost a race moves the other run's; one
                 # that moves nothing at all would be planned again forever.
@@ -198,7 +197,7 @@ class _Run:
     def _ingest_part(self, part: PartPlan) -> PartOutcome:
         """Reads what is left of the batch (up to the byte budgets) on Spark and commits what was read."""
         pipeline = self.pipeline
-        spec = self.prepared.task_spec(pipeline, part.floors())
+        spec = self.prepared.task_spec(pipeline, {tag: part.floors(tag) for tag in part.held})
         # Through Spark, a partition's part is one range: files of its rows may mix ranges, so no
         # range of it may be dropped after a cut one.
         limits = (pipeline.limits.model_copy(update={"max_records_per_partition": 1 << 62})
@@ -213,17 +212,20 @@ class _Run:
                               lambda records: shape(self.spark, records, pipeline))
         results = ingest_job(self.spark, pipeline, spec, groups, budget) if tasks else []
         self._learn_sizes(results)
-        return commit_part(commits, results, Written(), self.prepared.table_schema, pipeline.sink.storage_options,
-                           (self.main, self.quarantine))
+        return commit_part(commits, results, Written(), self.prepared.schemas(), pipeline.sink.storage_options,
+                           self.ledgers.by_tag())
 
     def _commits(self, part: PartPlan) -> Part:
         """What the part's commits take: where it starts and what it builds on, from the plan."""
-        plan, left = self.plan, part.left
+        plan, left, held = self.plan, part.left, part.held
+        routes = tuple(RouteTable(t.tag, t.route, t.table_uri, t.partition_by, dict(held[t.tag]), part.floors(t.tag))
+                       for t in self.pipeline.tables if t.route is not None)
         return Part(
             pipeline=self.pipeline.name, run_id=self.run_id, batch_seq=part.batch.seq, until=plan.until,
             table_uri=self.pipeline.sink.table_uri, quarantine_uri=self.pipeline.sink.quarantine_uri,
             partition_by=self.pipeline.sink.partition_by, starts={p: r.start for p, r in left.items()},
-            expected={p: part.positions[p] for p in left}, quarantine_expected=dict(part.quarantine_positions),
+            expected={} if routes else {p: part.positions[p] for p in left},
+            quarantine_expected=dict(held[QUARANTINE_TAG]),
             partitions=tuple(sorted(plan.bounds)), gaps=part.batch.gaps,
             topic_ids={t: i.topic_id for t, i in plan.identities.items()},
             cluster_id=next(iter(plan.identities.values())).cluster_id if plan.identities else None,
@@ -232,6 +234,7 @@ class _Run:
             profile={} if self.run_phases_recorded else self.watch.ms(RUN_PHASES),
             may_filter=self.pipeline.transform is not None,
             upsert=self._upsert(),
+            routes=routes,
         )
 
     def _upsert(self) -> UpsertSpec | None:
@@ -255,17 +258,23 @@ class _Run:
             report.status = "committed"
             report.written += outcome.records["written"]
             report.quarantined += outcome.records["quarantined"]
+            report.unrouted += outcome.records.get("unrouted", 0)
             if self.pipeline.upsert is not None:
                 report.events = report.events or {}
                 for name, count in outcome.records.items():
                     if name not in ("written", "quarantined"):
                         report.events[name] = report.events.get(name, 0) + count
             report.quarantine_accepted = report.quarantine_accepted or outcome.quarantine_accepted
-            report.versions.append(outcome.version)
+            if outcome.version is not None:
+                report.versions.append(outcome.version)
+            for tag, version in outcome.versions.items():
+                report.table_versions[tag] = version
             if self.mirror is not None:
-                held = self.main.positions(self.plan.bounds)
+                held = self.ledgers.positions(self.plan.bounds)
+                version = outcome.version if outcome.version is not None else ", ".join(
+                    f"{tag} {v}" for tag, v in sorted(report.table_versions.items()))
                 with self.watch.timing("mirror"):
-                    self.mirror.mirror({p: v for p, v in held.items() if v is not None}, outcome.version)
+                    self.mirror.mirror({p: v for p, v in held.items() if v is not None}, version)
                 crashpoints.reach("mirrored")
         self.progress.advance(part.batch.seq, sum(e - s for s, e in outcome.read.values()),
                               outcome.records.get("written", 0) + outcome.records.get("quarantined", 0) if ours else 0,

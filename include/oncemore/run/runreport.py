@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 from oncemore.commit.merge import describe_counts
 from oncemore.config.model import Pipeline
+from oncemore.core.columns import ROUTE_TAG_PREFIX
 from oncemore.core.coordinates import KafkaPartition, flat, nested
-from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import Plan
+from oncemore.plan.tables import Ledgers
 
 # Commits read back to count what an interrupted run had committed.
 RECENT_RUN_COMMITS = 1000
@@ -33,9 +34,11 @@ class BatchReport:
     status: str = "already_committed"  # "committed" once one of its commits is ours
     written: int = 0
     quarantined: int = 0
+    unrouted: int = 0  # routes.unrouted: skip
     events: dict[str, int] | None = None  # an upsert's counts (merge.COUNTS and the others), summed over its parts
     versions: list[int] = field(default_factory=list)
     quarantine_versions: list[int] = field(default_factory=list)
+    table_versions: dict[str, int] = field(default_factory=dict)  # with routes: by tag, the newest this batch made
     quarantine_accepted: bool = False  # a commit of it was over the quarantine limit (--accept-quarantine)
     committed: dict[KafkaPartition, tuple[int, int]] = field(default_factory=dict)  # [start, end) our commits moved
     added: dict[str, dict[str, int]] = field(default_factory=dict)  # {table: {rows, bytes, files}} our commits added
@@ -134,17 +137,29 @@ class RunReport:
             done = describe_counts({**events, "quarantined": self.quarantined})
         else:
             done = f"{self.written} records written, {self.quarantined} quarantined"
+            unrouted = sum(b.unrouted for b in self.batches)
+            done += f", {unrouted} unrouted (skipped)" if unrouted else ""
         accepted = [str(b.seq) for b in self.batches if b.quarantine_accepted]
         over = f" (batch {', '.join(accepted)} over the quarantine limit, accepted)" if accepted else ""
-        return (f"{self.pipeline}: committed {len(committed)} batch(es), {done}{over}, table version "
-                f"{max(committed[-1].versions)}, in {self.seconds:.1f}s")
+        versions = {tag: v for b in committed for tag, v in b.table_versions.items()}
+        if versions:  # routes: each table's newest version this run made
+            where = "table versions " + ", ".join(f"{tag.removeprefix(ROUTE_TAG_PREFIX)} {v}"
+                                                  for tag, v in sorted(versions.items()))
+        else:
+            where = f"table version {max(committed[-1].versions)}"
+        return f"{self.pipeline}: committed {len(committed)} batch(es), {done}{over}, {where}, in {self.seconds:.1f}s"
 
 
 def committed_by(pipeline: Pipeline, run_id: str) -> str:
-    """What run ``run_id`` had committed, from the table (a batch's commit is whole or absent)."""
-    commits = [e for e in Ledger(pipeline.sink.table_uri, pipeline.name, pipeline.sink.storage_options
-                                 ).recent_batches(RECENT_RUN_COMMITS) if e.record.run_id == run_id]
+    """What run ``run_id`` had committed, from the tables (a table's commit is whole or absent)."""
+    ledgers = Ledgers(pipeline)
+    found = {tag: [e for e in ledger.recent_batches(RECENT_RUN_COMMITS) if e.record.run_id == run_id]
+             for tag, ledger in ledgers.planning().items()}
+    commits = [e for entries in found.values() for e in entries]
     if not commits:
         return f"pipeline {pipeline.name}: run {run_id} had committed nothing"
+    versions = (f"table version {max(e.version for e in commits)}" if not ledgers.routed else "table versions " +
+                ", ".join(f"{tag.removeprefix(ROUTE_TAG_PREFIX)} {max(e.version for e in entries)}"
+                          for tag, entries in found.items() if entries))
     return (f"pipeline {pipeline.name}: run {run_id} had committed {len({e.record.batch_seq for e in commits})} "
-            f"batch(es), table version {max(e.version for e in commits)}")
+            f"batch(es), {versions}")

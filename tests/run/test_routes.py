@@ -1,0 +1,255 @@
+"""One topic routed to several tables (config/routes.py), end to end on the project's broker: three
+event types, two routes and the quarantine, each record counted by its (topic, partition, offset)
+in exactly one table or a commit's counted skips (DESIGN.md invariant 7); a crash between two route
+tables' commits, healed by a rerun alone and by two racing reruns; ``oncemore verify`` across the
+tables."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import jinja2
+import pytest
+from deltalake import DeltaTable
+
+from conftest import ROOT, assert_exactly_once, oncemore_command, oncemore_commits, read_coordinates
+from oncemore.config.values import OffsetBound
+from oncemore.plan.planner import Plan, plan_run
+from oncemore.report.landed import run_landed
+from oncemore.report.overview import pipeline_overview
+from oncemore.report.status import format_status, status
+from oncemore.report.verify import verify
+from oncemore.run import runner
+
+pytestmark = pytest.mark.spark
+
+KINDS = ("created", "paid", "created", "refunded", "paid")  # by i % 5: three event types, two routed
+CREATED = "id BIGINT, type STRING, customer STRING"
+PAID = "id BIGINT, type STRING, amount DECIMAL(10,2)"
+
+
+def event(i: int) -> tuple[str, bytes]:
+    """Event i: its type, and its value. One in 23 is no JSON at all (its route cannot be read);
+    one paid event in 7 has an amount its route's format refuses."""
+    kind = KINDS[i % 5]
+    if i % 23 == 11:
+        return kind, b"{not json"
+    amount = "lots" if kind == "paid" and i % 7 == 3 else f"{i}.25"
+    return kind, json.dumps({"id": i, "type": kind, "customer": f"c{i % 13}", "amount": amount}).encode()
+
+
+def produce(broker, topic: str, start: int, count: int, by_header: bool = False,
+            routes: tuple[str, ...] = ("created", "paid")) -> dict[str, list]:
+    """Events [start, start + count) over three partitions, each record's coordinates by where it
+    must land: its route ("created", "paid": ``routes``), "quarantine" (malformed for its route, or
+    no JSON where the route is read from the value) or "refunded", which no route takes. With
+    ``by_header``, each type is sent with header event_type."""
+    landing: dict[str, list] = {}
+    groups: dict[str, list] = {}
+    for i in range(start, start + count):
+        kind, value = event(i)
+        groups.setdefault(kind if by_header else "all", []).append((i, kind, value))
+    for group, found in groups.items():
+        headers = [("event_type", group.encode())] if by_header else None
+        sent = [(i % 3, str(i).encode(), value, None) for i, _, value in found]
+        delivered = broker.produce(topic, sent, headers=headers)
+        offsets = {p: iter(sorted(o for q, o in delivered if q == p)) for p in (0, 1, 2)}
+        for (i, kind, value), (p, _, _, _) in zip(found, sent):
+            where = (topic, p, next(offsets[p]))
+            malformed = value == b"{not json" and not by_header
+            broken = kind == "paid" and b'"lots"' in value or value == b"{not json"
+            place = "quarantine" if malformed or (broken and kind in routes) else kind
+            landing.setdefault(place, []).append(where)
+    return landing
+
+
+def routed(make_pipeline, topic: str, name: str, tmp: Path, **overrides):
+    routes = {"by": "value.type", "tables": {
+        "created": {"table_uri": str(tmp / name / "created"), "format": {"type": "json", "schema": CREATED}},
+        "paid": {"table_uri": str(tmp / name / "paid"), "format": {"type": "json", "schema": PAID}}}}
+    routes.update(overrides.pop("routes", {}))
+    return make_pipeline(topic, name=name, sink={"table_uri": None, "quarantine_uri": str(tmp / name / "quarantine")},
+                         format=None, routes=routes, **overrides)
+
+
+def tables(pipeline) -> dict[str, str]:
+    return {**{t.route: t.table_uri for t in pipeline.tables}, "quarantine": pipeline.sink.quarantine_uri}
+
+
+def landed(pipeline) -> dict[str, list]:
+    return {name: read_coordinates(uri) for name, uri in tables(pipeline).items()}
+
+
+def commits(pipeline) -> dict[str, int]:
+    return {name: len(oncemore_commits(uri)) if DeltaTable.is_deltatable(uri) else 0
+            for name, uri in tables(pipeline).items()}
+
+
+def assert_exact(pipeline, expected: dict[str, list], spark) -> None:
+    """Each table holds exactly the records expected there; together, every record once; and
+    ``oncemore verify`` agrees from the tables alone."""
+    found = landed(pipeline)
+    for name, coordinates in found.items():
+        assert_exactly_once(coordinates, expected.get(name, []))
+    report = verify(pipeline, lambda: spark)
+    assert report.ok, report.describe()
+    assert {name: t["rows"] for name, t in report.tables.items()} == {n: len(c) for n, c in found.items()}
+
+
+def no_spark():
+    raise AssertionError("a no-op run must not start Spark")
+
+
+def test_a_routed_topic_lands_each_record_in_exactly_one_route_table_or_the_quarantine(
+        broker, topic, make_pipeline, spark, tmp_path):
+    expected = produce(broker, topic, 0, 600)
+    expected["quarantine"] += expected.pop("refunded")  # unrouted: quarantine (the default)
+    pipeline = routed(make_pipeline, topic, "events", tmp_path)
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.status == "committed"
+    assert report.written == len(expected["created"]) + len(expected["paid"])
+    assert report.quarantined == len(expected["quarantine"])
+    assert_exact(pipeline, expected, spark)
+    # Each table recorded the partitions first (an anchor batch of positions alone), then the batch.
+    assert commits(pipeline) == {"created": 2, "paid": 2, "quarantine": 2}
+    for name, uri in tables(pipeline).items():
+        anchor, batch = (record for _, record in oncemore_commits(uri))
+        assert {p: r[0] == r[1] for p, r in anchor.ranges[topic].items()} == {"0": True, "1": True, "2": True}
+        assert anchor.route == batch.route == (None if name == "quarantine" else name)
+        assert batch.ranges[topic] == {"0": [0, 200], "1": [0, 200], "2": [0, 200]}
+        own = "quarantined" if name == "quarantine" else "written"
+        assert batch.records == {"written": 0, "quarantined": 0, "filtered": 0, "unrouted": 0,
+                                 own: len(expected[name])}
+    quarantined = set(DeltaTable(pipeline.sink.quarantine_uri).to_pyarrow_table(columns=["error"]).column("error").to_pylist())
+    assert any("'refunded', which names no route (created, paid)" in e for e in quarantined), quarantined
+    assert "routes.by value.type: value does not end with the '}' closing a JSON object (truncated, or text after it)" \
+        in quarantined, quarantined
+    assert any("amount" in e and "lots" in e for e in quarantined), quarantined
+
+    # A rerun is a no-op for every table, without Spark.
+    again = runner.run(pipeline, spark_factory=no_spark)
+    assert again.status == "no-op" and commits(pipeline) == {"created": 2, "paid": 2, "quarantine": 2}
+    shown = status(pipeline)
+    assert {name: t["version"] for name, t in shown["routes"]["tables"].items()} == {
+        "created": 2, "paid": 2, "quarantine": 2}  # created at version 0
+    assert all(not t["behind"] for t in shown["routes"]["tables"].values())
+    assert [row["position"] for row in shown["partitions"]] == [200, 200, 200]
+    text = format_status(shown)
+    assert "routed by value.type (unrouted: quarantine)" in text and f"route paid -> {tables(pipeline)['paid']}" in text
+    # The oncemore page: the routes with each table's version, and the batch as one row with the
+    # versions of its commits in each table.
+    page = pipeline_overview(pipeline)
+    assert page["routes"]["by"] == "value.type" and list(page["routes"]["tables"]) == ["created", "paid", "quarantine"]
+    newest = page["batches"][0]
+    assert newest["tables"] == {"created": 2, "paid": 2, "quarantine": 2}
+    assert (newest["written"], newest["quarantined"]) == (len(expected["created"]) + len(expected["paid"]),
+                                                          len(expected["quarantine"]))
+    templates = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "plugins" / "oncemore_airflow" / "templates"))
+    html = templates.get_template("_routes.html").render(routes=page["routes"])
+    assert f"<code>{tables(pipeline)['paid']}</code>" in html and "quarantine (unrouted: quarantine)" in html
+
+    more = produce(broker, topic, 600, 150)
+    more["quarantine"] += more.pop("refunded")
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    assert_exact(pipeline, {k: expected[k] + more[k] for k in expected}, spark)
+
+
+def test_unrouted_records_skipped_are_counted_and_a_route_added_later_starts_where_the_quarantine_is(
+        broker, topic, make_pipeline, spark, tmp_path):
+    expected = produce(broker, topic, 0, 300, by_header=True)
+    skipped = expected.pop("refunded")
+    pipeline = routed(make_pipeline, topic, "skipping", tmp_path,
+                      routes={"by": "headers['event_type']", "unrouted": "skip"})
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert "unrouted (skipped)" in report.summary()
+    assert_exact(pipeline, expected, spark)
+    _, batch = oncemore_commits(pipeline.sink.quarantine_uri)[-1]
+    assert batch.records["unrouted"] == len(skipped) and batch.records["quarantined"] == len(expected["quarantine"])
+    audit = verify(pipeline, lambda: spark)
+    assert audit.unrouted == len(skipped) and audit.offsets_without_row == 0
+
+    # A route added to the pipeline starts where the quarantine table is: the refunded events it
+    # skipped before stay counted, only those after land in the new route's table.
+    later = routed(make_pipeline, topic, "skipping", tmp_path, routes={
+        "by": "headers['event_type']", "unrouted": "skip", "tables": {
+            **{v: {"table_uri": t.table_uri, "format": {"type": "json", "schema": CREATED if v == "created" else PAID}}
+               for v, t in ((t.route, t) for t in pipeline.tables)},
+            "refunded": {"table_uri": str(tmp_path / "skipping" / "refunded"),
+                         "format": {"type": "json", "schema": "id BIGINT, type STRING"}}}})
+    more = produce(broker, topic, 300, 150, by_header=True, routes=("created", "paid", "refunded"))
+    assert runner.run(later, spark_factory=lambda: spark).status == "committed"
+    assert_exact(later, {"created": expected["created"] + more["created"], "paid": expected["paid"] + more["paid"],
+                         "quarantine": expected["quarantine"] + more["quarantine"], "refunded": more["refunded"]}, spark)
+    first, = (r for _, r in oncemore_commits(tables(later)["refunded"]))
+    assert first.ranges[topic] == {"0": [100, 150], "1": [100, 150], "2": [100, 150]}
+
+
+def test_a_handed_plan_to_an_interval_end_lands_in_every_route_table(broker, topic, make_pipeline, spark, tmp_path):
+    # As the Airflow DAG runs it: the plan task plans to the interval's end, the ingest task runs
+    # that plan (through XCom, as JSON), the report task checks it landed.
+    base = int(time.time() * 1000) - 3_600_000
+    sent = [(i % 3, None, event(i)[1], base + (i // 3) * 1000) for i in range(120)]
+    delivered = broker.produce(topic, sent)
+    pipeline = routed(make_pipeline, topic, "interval", tmp_path)
+    bound = OffsetBound("timestamp", timestamp_ms=base + 20 * 1000)  # events 0..59: 20 per partition
+
+    plan = Plan.from_json(plan_run(pipeline, bound).to_json())
+    report = runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
+
+    assert run_landed(pipeline, plan, report.run_id)["records"]["written"] == report.written
+    everything = sorted((topic, p, o) for p, o in delivered)
+    found = sorted(c for coordinates in landed(pipeline).values() for c in coordinates)
+    assert found == [c for c in everything if c[2] < 20]
+    assert verify(pipeline, lambda: spark).ok
+
+
+def crashed(pipeline, step: str) -> None:
+    process = oncemore_command(pipeline, "run", step)
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == -signal.SIGKILL, err[-2000:]
+
+
+def race(pipeline) -> list[tuple[int, str]]:
+    racers = [oncemore_command(pipeline, "run") for _ in range(2)]
+    errors = [r.communicate(timeout=600)[1] for r in racers]
+    return [(r.returncode, err) for r, err in zip(racers, errors)]
+
+
+def test_a_crash_between_route_commits_reruns_only_the_tables_behind_alone_and_racing(
+        broker, topic, make_pipeline, spark, tmp_path):
+    first = produce(broker, topic, 0, 300)
+    alone, racing = (routed(make_pipeline, topic, name, tmp_path, limits={"max_records_per_commit": 150})
+                     for name in ("alone", "racing"))
+    for pipeline in (alone, racing):
+        assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+        assert commits(pipeline) == {"created": 3, "paid": 3, "quarantine": 3}  # the anchors, two batches
+    second = produce(broker, topic, 300, 300)
+    expected = {k: first.get(k, []) + second.get(k, []) for k in ("created", "paid", "quarantine", "refunded")}
+    expected["quarantine"] += expected.pop("refunded")
+
+    for pipeline in (alone, racing):
+        # Killed right after the first route table's commit of the next batch: the quarantine table
+        # and route created hold it, route paid does not.
+        crashed(pipeline, "route_committed")
+        assert commits(pipeline) == {"created": 4, "paid": 3, "quarantine": 4}
+        behind = status(pipeline)["routes"]["tables"]
+        assert behind["paid"]["behind"] and not behind["created"]["behind"] and not behind["quarantine"]["behind"]
+
+    assert runner.run(alone, spark_factory=lambda: spark).status == "committed"
+    results = race(racing)
+    assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
+    for pipeline in (alone, racing):
+        assert_exact(pipeline, expected, spark)
+        # Each batch committed once to each table, whichever run made it: the rerun committed the
+        # crashed batch to route paid alone, then the last batch to every table.
+        assert commits(pipeline) == {"created": 5, "paid": 5, "quarantine": 5}
+        created, paid = ([r for _, r in oncemore_commits(tables(pipeline)[n])] for n in ("created", "paid"))
+        assert paid[3].ranges == created[3].ranges and paid[3].run_id != created[3].run_id
+        assert paid[4].run_id == created[4].run_id
