@@ -1,5 +1,5 @@
-"""OpenLineage of the ingest task: the Kafka topics in, the main and quarantine Delta tables out, and
-what the run committed, as the OpenLineage provider asks an operator for it (``OperatorLineage``).
+"""OpenLineage of the ingest task: the Kafka topics in, the main (or each route's) and quarantine Delta
+tables out, and what the run committed, as the OpenLineage provider asks an operator for it (``OperatorLineage``).
 
 Datasets are named by OpenLineage's naming spec through openlineage-python's helpers: a topic as
 ``kafka://host:port`` (the first bootstrap server, without a listener prefix or credentials) and
@@ -8,7 +8,7 @@ its name; a table by its location (``file`` and its absolute path, ``s3://bucket
 facets as the run left it, its catalog name (``symlinks``) once the run registered it in
 ``sink.catalog``, and output statistics (rows, bytes, files) only when a commit of this
 run added to it: a no-op carries none. The run facet ``oncemore`` carries each partition's
-committed [start, end) and the versions the run made.
+committed [start, end) and the versions the run made (a routed pipeline's by route).
 
 Invariant: lineage follows the commits and never gates them. Its facts are read in the task's own
 process after the run (the Delta log at the versions the run made; the run's report for what it
@@ -41,8 +41,9 @@ from openlineage.client.facet_v2 import (
 from openlineage.client.naming import dataset as naming
 
 from oncemore.catalog.glue import CLIENT_CONFIG
-from oncemore.config.catalog import QUARANTINE_SUFFIX, Catalog
+from oncemore.config.catalog import QUARANTINE_SUFFIX, Catalog, catalog_name
 from oncemore.config.model import Pipeline
+from oncemore.core.columns import QUARANTINE_TAG, ROUTE_TAG_PREFIX
 from oncemore.core.coordinates import nested
 from oncemore.core.storage import table_location
 from oncemore.plan.ledger import open_table
@@ -53,14 +54,14 @@ if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
 KAFKA_DEFAULT_PORT = "9092"
-TABLES = ("main", "quarantine")
 
 
 @define
 class OncemoreRunFacet(RunFacet):
     """What an oncemore run committed: per partition the [start, end) its commits moved the
     positions over (``committed``, {topic: {partition: [start, end]}}), per batch the same with its
-    versions and records, and the versions of the tables the outputs describe."""
+    versions and records, and the versions of the tables the outputs describe (a routed
+    pipeline's: ``routeTableVersions`` by route, and no main table)."""
 
     pipeline: str
     runId: str  # noqa: N815 (OpenLineage's field names are camelCase)
@@ -69,6 +70,7 @@ class OncemoreRunFacet(RunFacet):
     batches: list
     tableVersion: int | None  # noqa: N815
     quarantineTableVersion: int | None  # noqa: N815
+    routeTableVersions: dict | None = None  # noqa: N815
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,14 @@ def _field(name: str, kind) -> schema_dataset.SchemaDatasetFacetFields:
     return schema_dataset.SchemaDatasetFacetFields(name, kind.type)
 
 
-def catalog_symlinks(catalog: Catalog) -> dict[str, symlinks_dataset.Identifier]:
-    """By table, the name ``sink.catalog`` registers it under (catalog/registration.py), as
+def tables(pipeline: Pipeline) -> dict[str, str]:
+    """The tables the ingest task writes, by role: "main" (or each route's, "route:<value>") and "quarantine"."""
+    return {**{t.tag: t.table_uri for t in pipeline.tables}, QUARANTINE_TAG: pipeline.sink.quarantine_uri}
+
+
+def catalog_symlinks(catalog: Catalog, routes=()) -> dict[str, symlinks_dataset.Identifier]:
+    """By table (of a routed pipeline, each of its ``routes``' instead of the main one), the name
+    ``sink.catalog`` registers it under (catalog/registration.py), as
     OpenLineage names it: Hive ``hive://host:port`` and ``database.table``; Glue
     ``arn:aws:glue:region:account`` and ``table/database/table``, the region and account those of
     AWS's environment, as Glue's client finds them (one call to STS)."""
@@ -147,8 +155,10 @@ def catalog_symlinks(catalog: Catalog) -> dict[str, symlinks_dataset.Identifier]
         session = boto3.session.Session(region_name=os.environ.get("AWS_REGION") or None)
         account = session.client("sts", config=CLIENT_CONFIG).get_caller_identity()["Account"]
         named = partial(naming.AWSGlue, session.region_name, account, catalog.database)
-    return {role: symlinks_dataset.Identifier(name.get_namespace(), name.get_name(), "TABLE")
-            for role, name in (("main", named(catalog.table)), ("quarantine", named(catalog.table + QUARANTINE_SUFFIX)))}
+    names = [(ROUTE_TAG_PREFIX + route, named(catalog_name(catalog.table, route))) for route in routes] or [
+        ("main", named(catalog.table))]
+    names.append((QUARANTINE_TAG, named(catalog.table + QUARANTINE_SUFFIX)))
+    return {role: symlinks_dataset.Identifier(name.get_namespace(), name.get_name(), "TABLE") for role, name in names}
 
 
 def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:
@@ -159,11 +169,11 @@ def input_datasets(pipeline: Pipeline, topics) -> list[InputDataset]:
 def output_datasets(pipeline: Pipeline, states: dict[str, TableState] | None = None,
                     added: dict[str, dict[str, int]] | None = None,
                     registered: dict[str, symlinks_dataset.Identifier] | None = None) -> list[OutputDataset]:
-    """The main and the quarantine table; with ``states``, their facets, and the catalog name of
+    """The main (or each route's) and the quarantine table; with ``states``, their facets, and the catalog name of
     each that exists, when the tables are ``registered``; with what the run ``added`` to a table,
     its output statistics."""
     outputs = []
-    for role, uri in zip(TABLES, (pipeline.sink.table_uri, pipeline.sink.quarantine_uri)):
+    for role, uri in tables(pipeline).items():
         namespace, name = table_dataset(uri)
         state = (states or {}).get(role)
         facets = {}
@@ -196,22 +206,27 @@ def run_lineage(pipeline: Pipeline, plan: Plan, run_id: str, report: RunReport |
     ``oncemore`` run facet."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    made = report.committed_versions if report is not None else dict.fromkeys(TABLES)
+    made = report.committed_versions if report is not None else {}
     storage = dict(pipeline.sink.storage_options)
-    states = {role: table_state(uri, storage, made[role])
-              for role, uri in zip(TABLES, (pipeline.sink.table_uri, pipeline.sink.quarantine_uri))}
+    states = {role: table_state(uri, storage, made.get(role)) for role, uri in tables(pipeline).items()}
     batches = [b for b in report.batches if b.status == "committed"] if report is not None else []
     facet = OncemoreRunFacet(
         pipeline=pipeline.name, runId=run_id,
         status="dry-run" if dry_run else report.status if report is not None else "no-op",
         committed=_ranges(report.committed if report is not None else {}),
         batches=[{"seq": b.seq, "committed": _ranges(b.committed), "versions": b.versions,
-                  "quarantineVersions": b.quarantine_versions, "written": b.written, "quarantined": b.quarantined}
+                  "quarantineVersions": b.quarantine_versions, "written": b.written, "quarantined": b.quarantined,
+                  **({"tableVersions": {tag.removeprefix(ROUTE_TAG_PREFIX): v for tag, v in b.table_versions.items()},
+                      "unrouted": b.unrouted} if pipeline.routes is not None else {})}
                  for b in batches],
-        tableVersion=states["main"].version, quarantineTableVersion=states["quarantine"].version)
+        tableVersion=states["main"].version if "main" in states else None,
+        quarantineTableVersion=states[QUARANTINE_TAG].version,
+        routeTableVersions=None if pipeline.routes is None else {
+            role.removeprefix(ROUTE_TAG_PREFIX): state.version for role, state in states.items() if role != QUARANTINE_TAG})
     added = report.added if report is not None else {}
     # A run that returned registered the tables that exist (a failed registration fails the run).
-    registered = catalog_symlinks(pipeline.sink.catalog) if report is not None and pipeline.sink.catalog else {}
+    registered = (catalog_symlinks(pipeline.sink.catalog, pipeline.routes.tables if pipeline.routes else ())
+                  if report is not None and pipeline.sink.catalog else {})
     return OperatorLineage(inputs=input_datasets(pipeline, plan.topics),
                            outputs=output_datasets(pipeline, states, added, registered), run_facets={"oncemore": facet})
 

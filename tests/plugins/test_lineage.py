@@ -186,6 +186,43 @@ def attr_dict(field) -> dict:
     return {"name": field.name, "type": field.type, "fields": [attr_dict(f) for f in field.fields]}
 
 
+def test_a_routed_pipeline_has_an_output_per_route_table_with_what_the_run_added_to_it(
+        broker, topic, make_pipeline, spark, tmp_path):
+    from oncemore.plan.planner import plan_run
+    from oncemore.run import runner
+    from oncemore_airflow.lineage import catalog_symlinks, run_lineage
+
+    kinds = ("created", "paid", "refunded")  # refunded: no route, quarantined
+    broker.produce(topic, [(i % 3, None, json.dumps({"id": i, "type": kinds[i % 3]}).encode(), None) for i in range(90)])
+    uris = {name: str((tmp_path / name).resolve()) for name in (*kinds[:2], "quarantine")}
+    pipeline = make_pipeline(topic, name="events", format=None, sink={"table_uri": None, "quarantine_uri": uris["quarantine"]},
+                             routes={"by": "value.type", "tables": {
+                                 v: {"table_uri": uris[v], "format": {"type": "json", "schema": "id BIGINT, type STRING"}}
+                                 for v in kinds[:2]}})
+    plan = plan_run(pipeline)
+
+    report = runner.run(pipeline, plan=plan, spark_factory=lambda: spark)
+    lineage = run_lineage(pipeline, plan, report.run_id, report)
+
+    outputs = {o.name: o for o in lineage.outputs}
+    assert sorted(outputs) == sorted(uris.values())
+    for uri in uris.values():
+        size, files = table_files(uri)
+        statistics = outputs[uri].outputFacets["outputStatistics"]
+        assert (statistics.rowCount, statistics.size, statistics.fileCount) == (30, size, files)
+        assert outputs[uri].facets["version"].datasetVersion == str(DeltaTable(uri).version())
+    facet = lineage.run_facets["oncemore"]
+    assert facet.tableVersion is None and facet.quarantineTableVersion == DeltaTable(uris["quarantine"]).version()
+    assert facet.routeTableVersions == {v: DeltaTable(uris[v]).version() for v in kinds[:2]}
+    assert [b["tableVersions"] for b in facet.batches if b["written"]] == [
+        {"created": DeltaTable(uris["created"]).version(), "paid": DeltaTable(uris["paid"]).version(),
+         "quarantine": DeltaTable(uris["quarantine"]).version()}]
+    hive = catalog_symlinks(type("C", (), {"type": "hive", "uri": "thrift://h:9083", "database": "d", "table": "events"}),
+                            ("created", "paid"))
+    assert {role: i.name for role, i in hive.items()} == {
+        "route:created": "d.events_created", "route:paid": "d.events_paid", "quarantine": "d.events_quarantine"}
+
+
 def test_a_catalog_name_is_a_symlink_by_the_naming_spec(s3_server, monkeypatch):
     from types import SimpleNamespace
 

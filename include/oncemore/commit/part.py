@@ -243,7 +243,8 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         from oncemore.commit.routed import commit_routes
 
         with watch.timing("commit"):
-            status, versions = commit_routes(part, ledgers, by_table, kept, read, record, storage_options)
+            status, versions, own = commit_routes(part, ledgers, by_table, kept, read, record, storage_options)
+        added.update(own)
         log.info("pipeline %s: batch %d %s %s (%s)", part.pipeline, part.batch_seq, status,
                  ", ".join(f"{p} [{s}, {e})" for p, (s, e) in sorted(read.items())), describe_records(records))
         return outcome_of(status, None, versions.get(QUARANTINE_TAG), record.bytes_read, versions)

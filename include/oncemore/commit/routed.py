@@ -40,15 +40,16 @@ log = logging.getLogger("oncemore")
 
 def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[str, list[DataFile]],
                   kept: list[RangeResult], read: Mapping[KafkaPartition, tuple[int, int]], record: CommitInfo,
-                  storage_options: Mapping[str, str] | None) -> tuple[str, dict[str, int]]:
+                  storage_options: Mapping[str, str] | None) -> tuple[str, dict[str, int], dict[str, dict[str, int]]]:
     """Commits the part's tables (module docstring); the part's status (committed when a commit
-    of it is this run's) and the versions it made, by tag. ``files``: the part's files by tag;
-    ``record``: the part's record, of which each table's commit records its own share."""
-    from oncemore.commit.part import _commit  # one way to commit a table's files, part.py's
+    of it is this run's), the versions it made and what its own commits added (part.files_added),
+    by tag. ``files``: the part's files by tag; ``record``: the part's record, of which each
+    table's commit records its own share."""
+    from oncemore.commit.part import _commit, files_added  # one way to commit a table's files, part.py's
 
     quarantine = RouteTable(QUARANTINE_TAG, "", part.quarantine_uri, (), part.quarantine_expected,
                             {p: part.quarantine_expected.get(p) or start for p, (start, _) in read.items()})
-    statuses, versions = [], {}
+    statuses, versions, added = [], {}, {}
     tables = [(quarantine, {"quarantined": _rows(files[QUARANTINE_TAG]), "unrouted": sum(r.unrouted for r in kept)}),
               *((route, {"written": _rows(files[route.tag])}) for route in part.routes)]
     for i, (table, counts) in enumerate(tables):
@@ -60,9 +61,11 @@ def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[st
             statuses.append(outcome.status)
             if outcome.version is not None:
                 versions[table.tag] = outcome.version
+            if outcome.status == "committed":
+                added[table.tag] = files_added(files[table.tag])
         if ranges and outcome.status == "conflict":
             _drop(part, tables[i + 1:], files, storage_options)  # never offered to a commit
-            return "conflict", versions
+            return "conflict", versions, added
         if table is quarantine:
             crashpoints.reach("quarantine_committed")
             held = ledgers[QUARANTINE_TAG].positions(read)
@@ -72,11 +75,11 @@ def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[st
                             "tables' commits wait, the batch goes round from the positions as they are", part.pipeline,
                             by_text(short), by_text({p: read[p][1] for p in short}))
                 _drop(part, tables[1:], files, storage_options)
-                return "quarantine_behind", versions
+                return "quarantine_behind", versions, added
         else:
             crashpoints.reach("route_committed")
     status = next((s for s in ("committed", "lost_race") if s in statuses), "already_committed")
-    return status, versions
+    return status, versions, added
 
 
 def _record(record: CommitInfo, table: RouteTable, ranges: Mapping[KafkaPartition, tuple[int, int]],

@@ -7,7 +7,8 @@ unrouted: quarantine | skip}``; with it, the pipeline has no top-level ``format`
 ``sink.table_uri``, and ``sink.quarantine_uri`` is the one quarantine of every route.
 
 ``by`` is read from the record as it arrives, before any decoding (each route decodes with its own
-format): ``value.<field>[.<field>...]``, a field of a JSON value (a JSON string); ``headers['name']``,
+format): ``value.<field>[.<field>...]``, a field of a JSON value (a JSON string; of its ``payload``
+when the routes' values come wrapped by Kafka Connect's JsonConverter, ``schemas_enable``); ``headers['name']``,
 the record's last header of that name (Kafka's ``Headers.lastHeader``), as UTF-8; ``key``, the
 whole key as UTF-8. decode/routing.py evaluates it.
 """
@@ -110,10 +111,10 @@ class Routes(BaseModel):
                 if route.format.type != "json":
                     raise key_problem(f"tables.{value}.format", f"is {route.format.type}, and by: {self.by} reads the "
                                       "values as JSON: route records of other formats by headers['<name>'] or key")
-            framings = {route.format.confluent_framing for route in self.tables.values()}
+            framings = {(route.format.confluent_framing, route.format.schemas_enable) for route in self.tables.values()}
             if len(framings) > 1:
                 raise key_problem("tables", f"by: {self.by} reads each value before its route is known: every route's "
-                                  "format.confluent_framing must be the same")
+                                  "format.confluent_framing and format.schemas_enable must be the same")
         registries = {tuple(sorted((r.format.schema_registry or {}).items())) for r in self.tables.values()
                       if r.format.schema_registry}
         if len(registries) > 1:

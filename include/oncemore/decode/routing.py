@@ -3,7 +3,8 @@ arrived, before any decoding (each route decodes with a format of its own), for 
 once.
 
 - ``value.<field>[.<field>...]``: the value read as one JSON object (after Confluent's framing
-  when the routes' format has it) by the json format's own decoder, the path declared STRING: a
+  when the routes' format has it; the field of its ``payload`` when Kafka Connect's JsonConverter
+  wrapped it, ``schemas_enable``) by the json format's own decoder, the path declared STRING: a
   value that is no JSON object, or whose field is not a JSON string, cannot be routed.
 - ``headers['name']``: the record's last header of that name (Kafka's ``Headers.lastHeader``), as
   UTF-8 text.
@@ -29,13 +30,15 @@ _SHOWN = 64
 @dataclass(frozen=True)
 class RouterSpec:
     """What a task needs to route records: ``by`` parsed (config/routes.RouteBy's fields), the
-    routes' values in order, and whether values are Confluent-framed."""
+    routes' values in order, whether values are Confluent-framed, and whether they come wrapped by
+    Kafka Connect's JsonConverter (``wrapped``: the field is the ``payload``'s)."""
 
     kind: str  # value | header | key
     path: tuple[str, ...]
     name: str | None
     values: tuple[str, ...]
     framed: bool = False
+    wrapped: bool = False
 
     @property
     def by(self) -> str:
@@ -45,7 +48,8 @@ class RouterSpec:
 
     @classmethod
     def from_dict(cls, data) -> "RouterSpec":
-        return cls(data["kind"], tuple(data["path"]), data["name"], tuple(data["values"]), data["framed"])
+        return cls(data["kind"], tuple(data["path"]), data["name"], tuple(data["values"]), data["framed"],
+                   data.get("wrapped", False))
 
 
 @dataclass
@@ -68,10 +72,11 @@ class Router:
         if spec.kind == "value":
             from oncemore.decode.json.decoder import JsonDecoder
 
+            self._path = ("payload", *spec.path) if spec.wrapped else spec.path
             leaf: pa.DataType = pa.string()
-            for name in reversed(spec.path[1:]):
+            for name in reversed(self._path[1:]):
                 leaf = pa.struct([pa.field(name, leaf)])
-            self._decoder = JsonDecoder(pa.schema([pa.field(spec.path[0], leaf)]))
+            self._decoder = JsonDecoder(pa.schema([pa.field(self._path[0], leaf)]))
 
     def route(self, records: pa.RecordBatch | pa.Table) -> Routed:
         malformed: dict[int, str] = {}
@@ -108,7 +113,7 @@ class Router:
         for i, message in decoded.errors.items():
             malformed.setdefault(i, f"routes.by {self.spec.by}: {message}")
         found = decoded.table.column(0).combine_chunks()
-        for name in self.spec.path[1:]:
+        for name in self._path[1:]:
             found = pc.struct_field(found, name)
         if malformed:
             keep = np.ones(len(found), dtype=bool)

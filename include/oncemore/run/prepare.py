@@ -74,8 +74,9 @@ class Prepared:
         by = routes.parsed_by
         tables = tuple(TableSpec(t.tag, self.tables[t.tag].records, self.tables[t.tag].table_schema, t.table_uri,
                                  t.partition_by, by_text(floors[t.tag])) for t in pipeline.tables)
+        first = pipeline.tables[0].format  # by a value's field, every route's framing and wrapping are alike
         router = RouterSpec(by.kind, by.path, by.name, tuple(t.route for t in pipeline.tables),
-                            framed=pipeline.tables[0].format.confluent_framing)
+                            framed=first.confluent_framing, wrapped=first.schemas_enable)
         return TaskSpec(tables, pipeline.sink.quarantine_uri, by_text(floors[QUARANTINE_TAG]),
                         dict(pipeline.sink.storage_options), *self.registries, router=router,
                         skip_unrouted=routes.unrouted == "skip")

@@ -107,10 +107,15 @@ class RunReport:
 
     @property
     def committed_versions(self) -> dict[str, int | None]:
-        """The newest version of each table a commit of this run made (None: none)."""
+        """The newest version of each table a commit of this run made (None: none), by table: "main"
+        and "quarantine", and with routes each route's table ("route:<value>")."""
         main = [v for b in self.batches for v in b.versions]
         quarantine = [v for b in self.batches for v in b.quarantine_versions]
-        return {"main": max(main, default=None), "quarantine": max(quarantine, default=None)}
+        made: dict[str, int | None] = {"main": max(main, default=None), "quarantine": max(quarantine, default=None)}
+        for batch in self.batches:
+            for tag, version in batch.table_versions.items():
+                made[tag] = max(version, made.get(tag) or version)
+        return made
 
     def to_json(self) -> str:
         """The report without its plan (the caller that handed the plan has it)."""
