@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 
 from conftest import ROOT, assert_exactly_once, oncemore_command, oncemore_commits, read_coordinates
 from oncemore.config.values import OffsetBound
+from oncemore.ops.reset import reset
 from oncemore.plan.planner import Plan, plan_run
 from oncemore.report.landed import run_landed
 from oncemore.report.overview import pipeline_overview
@@ -208,6 +209,26 @@ def test_a_handed_plan_to_an_interval_end_lands_in_every_route_table(broker, top
     found = sorted(c for coordinates in landed(pipeline).values() for c in coordinates)
     assert found == [c for c in everything if c[2] < 20]
     assert verify(pipeline, lambda: spark).ok
+
+
+def test_a_reset_rewinds_every_route_table_and_verify_accounts_for_the_replay(
+        broker, topic, make_pipeline, spark, tmp_path):
+    expected = produce(broker, topic, 0, 150)
+    expected["quarantine"] += expected.pop("refunded")
+    pipeline = routed(make_pipeline, topic, "replayed", tmp_path)
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+
+    done = reset(pipeline, OffsetBound.parse('{"0": 20}'))  # partition 0's offsets 20-49 again, on purpose
+
+    assert set(done["versions"]) == set(tables(pipeline).values())
+    assert {name: t["positions"][f"{topic}/0"] for name, t in status(pipeline)["routes"]["tables"].items()} == {
+        "created": 20, "paid": 20, "quarantine": 20}
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    for name, coordinates in landed(pipeline).items():
+        replayed = [c for c in expected[name] if c[1] == 0 and c[2] >= 20]
+        assert sorted(coordinates) == sorted(expected[name] + replayed), name
+    audit = verify(pipeline, lambda: spark)
+    assert audit.ok, audit.describe()
 
 
 def crashed(pipeline, step: str) -> None:
