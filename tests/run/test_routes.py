@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 
 from conftest import ROOT, assert_exactly_once, oncemore_command, oncemore_commits, read_coordinates
 from oncemore.config.values import OffsetBound
+from oncemore.ops.check import check_pipeline
 from oncemore.ops.reset import reset
 from oncemore.plan.planner import Plan, plan_run
 from oncemore.report.landed import run_landed
@@ -229,6 +230,11 @@ def test_a_reset_rewinds_every_route_table_and_verify_accounts_for_the_replay(
         assert sorted(coordinates) == sorted(expected[name] + replayed), name
     audit = verify(pipeline, lambda: spark)
     assert audit.ok, audit.describe()
+    # oncemore check: each route's records and table, the quarantine table, and a sample of the topic.
+    checks = check_pipeline(pipeline, lambda: spark, sample=30)
+    assert all(c.ok for c in checks), [c.line() for c in checks if not c.ok]
+    assert {"route created records", "route paid records", "route created table", "route paid table",
+            "quarantine table", "sample"} <= {c.what for c in checks}, [c.line() for c in checks]
 
 
 def crashed(pipeline, step: str) -> None:
