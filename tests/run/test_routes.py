@@ -18,6 +18,8 @@ from deltalake import DeltaTable
 from conftest import ROOT, assert_exactly_once, oncemore_command, oncemore_commits, read_coordinates
 from oncemore.config.values import OffsetBound
 from oncemore.ops.check import check_pipeline
+from oncemore.ops.delete import delete
+from oncemore.ops.maintain import maintain
 from oncemore.ops.reset import reset
 from oncemore.plan.planner import Plan, plan_run
 from oncemore.report.landed import run_landed
@@ -212,7 +214,7 @@ def test_a_handed_plan_to_an_interval_end_lands_in_every_route_table(broker, top
     assert verify(pipeline, lambda: spark).ok
 
 
-def test_a_reset_rewinds_every_route_table_and_verify_accounts_for_the_replay(
+def test_reset_check_delete_and_maintain_act_on_every_route_table_and_verify_accounts_for_them(
         broker, topic, make_pipeline, spark, tmp_path):
     expected = produce(broker, topic, 0, 150)
     expected["quarantine"] += expected.pop("refunded")
@@ -235,6 +237,22 @@ def test_a_reset_rewinds_every_route_table_and_verify_accounts_for_the_replay(
     assert all(c.ok for c in checks), [c.line() for c in checks if not c.ok]
     assert {"route created records", "route paid records", "route created table", "route paid table",
             "quarantine table", "sample"} <= {c.what for c in checks}, [c.line() for c in checks]
+
+    # oncemore delete: the route table that has the column loses its matching rows, in a commit
+    # recording their offsets; the others are left as they are; verify accounts for the deletion,
+    # after maintenance (compaction, checkpoint, vacuum of every table) too.
+    before = landed(pipeline)
+    done = delete(pipeline, "customer = 'c1'")
+    statuses = {tag: t["status"] for tag, t in done["tables"].items()}
+    assert statuses["route:created"] == "deleted" and done["tables"]["route:created"]["rows"] > 0, done
+    assert all(s.startswith("left as it is") for tag, s in statuses.items() if tag != "route:created"), done
+    after = landed(pipeline)
+    assert len(after["created"]) == len(before["created"]) - done["tables"]["route:created"]["rows"]
+    assert {k: v for k, v in after.items() if k != "created"} == {k: v for k, v in before.items() if k != "created"}
+    assert verify(pipeline, lambda: spark).ok
+    assert set(maintain(pipeline)["tables"]) == {"route:created", "route:paid", "quarantine"}
+    audit = verify(pipeline, lambda: spark)
+    assert audit.ok, audit.describe()
 
 
 def crashed(pipeline, step: str) -> None:
