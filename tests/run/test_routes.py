@@ -307,3 +307,83 @@ def test_a_crash_between_route_commits_reruns_only_the_tables_behind_alone_and_r
             assert (records[3].run_id == crashed_run) == (name in ahead), name
         if pipeline is alone:  # racing, either run may make a table's commit of the last batch
             assert len({records[4].run_id for records in made.values()}) == 1
+
+
+def route_tables(tmp: Path, name: str, **uris: str) -> dict:
+    """``routes.tables`` for the routes named (created, paid, refunded), each in ``tmp/name/<table>``."""
+    schemas = {"created": CREATED, "paid": PAID, "refunded": "id BIGINT, type STRING"}
+    return {"tables": {route: {"table_uri": str(tmp / name / table), "format": {"type": "json", "schema": schemas[route]}}
+                       for route, table in uris.items()}}
+
+
+def placed(landing: dict[str, list], routes: tuple[str, ...]) -> dict[str, list]:
+    """Where ``produce``'s records land under ``routes``: the others' into the quarantine (unrouted)."""
+    found = {route: landing.get(route, []) for route in routes}
+    found["quarantine"] = landing.get("quarantine", []) + [
+        c for kind, coordinates in landing.items() if kind not in (*routes, "quarantine") for c in coordinates]
+    return found
+
+
+def test_routes_changed_between_runs_land_every_record_once_and_never_while_a_table_is_behind(
+        broker, topic, make_pipeline, spark, tmp_path):
+    from oncemore.core.errors import RoutesChanged
+
+    def pipeline(**uris):
+        return routed(make_pipeline, topic, "changes", tmp_path, limits={"max_records_per_commit": 150},
+                      routes=route_tables(tmp_path, "changes", **uris))
+
+    held: dict[str, list] = {}  # by table (its directory's name): the records expected in it
+
+    def ingest(routes: dict[str, str], start: int, count: int, step: str | None = None):
+        configured = pipeline(**routes)
+        landing = placed(produce(broker, topic, start, count, routes=tuple(routes)), tuple(routes))
+        for route, coordinates in landing.items():
+            held.setdefault(routes.get(route, "quarantine"), []).extend(coordinates)
+        if step:
+            crashed(configured, step)
+        else:
+            assert runner.run(configured, spark_factory=lambda: spark, accept_quarantine=True).status == "committed"
+        return configured
+
+    def assert_held():
+        for table, coordinates in held.items():
+            assert_exactly_once(read_coordinates(str(tmp_path / "changes" / table)), coordinates)
+
+    both = {"created": "created", "paid": "paid"}
+    ingest(both, 0, 150)
+    # A route removed: its records are unrouted (quarantined) meanwhile; re-added, its table takes
+    # the records from there on, none of those quarantined while it was away.
+    ingest({"created": "created"}, 150, 150)
+    ingest(both, 300, 150)
+    assert_held()
+    # A route added, the run killed once the quarantine table committed its first part under it
+    # (before the new table's first commit): the rerun lands that part's refunded events in it.
+    three = {**both, "refunded": "refunded"}
+    ingest(three, 450, 150, step="quarantine_committed")
+    assert runner.run(pipeline(**three), spark_factory=lambda: spark).status == "committed"
+    assert_held()
+    assert_exact(pipeline(**three), {t: held[t] for t in (*three, "quarantine")}, spark)
+
+    # Every route table behind the quarantine table (a crash between a part's commits): a change of
+    # routes is refused, naming the table and the offsets it lacks, until the routes of the last run
+    # have brought every table level.
+    ingest(three, 600, 150, step="quarantine_committed")
+    moved = {**three, "paid": "paid_moved"}
+    with pytest.raises(RoutesChanged) as refused:
+        runner.run(pipeline(**moved), spark_factory=no_spark)
+    line = str(refused.value)
+    assert "\n" not in line and f"route created's table {tmp_path / 'changes' / 'created'} still lacks topic {topic} " \
+        "partition 0 offsets [200, 250)" in line, line
+    shown = status(pipeline(**moved))["routes"]
+    assert shown["changed_from"] and shown["tables"]["created"]["behind"] == {
+        f"{topic}/{p}": [200, 250] for p in range(3)}
+    assert runner.run(pipeline(**three), spark_factory=lambda: spark).status == "committed"
+    # Moved once level: the route's new table takes its records from there on, the old one keeps its
+    # own, and verify reads it as a table the routes named.
+    ingest(moved, 750, 150)
+    assert_held()
+    audit = verify(pipeline(**moved), lambda: spark)
+    assert audit.ok, audit.describe()
+    former = f"paid ({tmp_path / 'changes' / 'paid'}), no longer routed"
+    assert audit.tables[former]["rows"] == len(held["paid"])
+    assert sum(t["rows"] for t in audit.tables.values()) == sum(map(len, held.values()))

@@ -111,9 +111,17 @@ class RouteTable:
     floors: Mapping[KafkaPartition, int]
 
     def ranges(self, read: Mapping[KafkaPartition, tuple[int, int]]) -> dict[KafkaPartition, tuple[int, int]]:
-        """The part of ``read`` this table takes: per partition it does not hold to its end yet, [floor, end)."""
-        return {p: (max(start, self.floors.get(p, start)), end) for p, (start, end) in read.items()
-                if self.expected.get(p) is None or self.expected[p] < end}
+        """The range this table consumed of ``read``: per partition it does not hold to its end yet
+        and whose floor the part reaches, [floor, end), or from its own position where that lies
+        below (a route re-added: the records between were routed by the routes of then), so its
+        positions run on unbroken. A floor beyond the part's end is no range: the table's
+        positions never move back."""
+        found = {}
+        for p, (start, end) in read.items():
+            own, floor = self.expected.get(p), max(start, self.floors.get(p, start))
+            if (own is None or own < end) and floor <= end:
+                found[p] = (floor if own is None else min(own, floor), end)
+        return found
 
     def to_dict(self) -> dict:
         return {"tag": self.tag, "route": self.route, "table_uri": self.table_uri, "partition_by": list(self.partition_by),

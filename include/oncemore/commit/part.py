@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.inputs import CHANGES_TAG, RangeResult, RouteTable, changes_uri
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
-from oncemore.commit.share import QuarantineLimit, Reason, commonest, judge, records_read
+from oncemore.commit.share import QuarantineLimit, Reason, commonest, describe_records, judge, records_read
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -48,7 +48,7 @@ from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
 from oncemore.core.errors import CommitConflict, InvalidDataFile, QuarantineExceeded
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
 from oncemore.core.storage import filesystem
-from oncemore.plan.commitinfo import CommitInfo, Gap
+from oncemore.plan.commitinfo import CommitInfo, Gap, RoutesInForce
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import DataFile
 
@@ -81,6 +81,7 @@ class Part:
     may_filter: bool = False  # a transform may drop records; without one, every record read is a row
     upsert: UpsertSpec | None = None  # change rows MERGEd by key (merge.py); None: an append
     routes: tuple[RouteTable, ...] = ()  # a routed pipeline's tables (routed.py), in the pipeline's order
+    routes_in_force: RoutesInForce | None = None  # what its quarantine commit records (plan/tables.py)
 
     @property
     def changes_uri(self) -> str:
@@ -117,6 +118,7 @@ class Part:
         if data["upsert"] is not None:
             data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
         data["routes"] = tuple(RouteTable.from_dict(t) for t in data["routes"])
+        data["routes_in_force"] = data["routes_in_force"] and RoutesInForce(**data["routes_in_force"])
         return cls(**data)
 
 
@@ -289,12 +291,6 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
 def files_added(files: list[DataFile]) -> dict[str, int]:
     """Rows, bytes and files a commit of ``files`` adds to its table."""
     return {"rows": sum(f.num_records for f in files), "bytes": sum(f.size for f in files), "files": len(files)}
-
-
-def describe_records(records: Mapping[str, int]) -> str:
-    """An append part's counts in words."""
-    text = f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered"
-    return text + (f", {records['unrouted']} unrouted" if "unrouted" in records else "")
 
 
 def _accounted(part: Part, kept: list[RangeResult], data_files: list[DataFile], written: Written,

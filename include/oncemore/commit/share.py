@@ -104,6 +104,12 @@ def records_read(records: Mapping[str, int]) -> int:
     return sum(records.get(k, 0) for k in OUTCOMES)
 
 
+def describe_records(records: Mapping[str, int]) -> str:
+    """An append part's counts in words."""
+    text = f"{records['written']} written, {records['quarantined']} quarantined, {records['filtered']} filtered"
+    return text + (f", {records['unrouted']} unrouted" if "unrouted" in records else "")
+
+
 def share_text(quarantined: int, records: int) -> str:
     return f"{quarantined} of {records} records quarantined ({quarantined / records:.1%})" if records else \
         "no records"

@@ -183,7 +183,7 @@ def check_tables(pipeline: "Pipeline") -> None:
         raise key_problem("sink.quarantine_uri", "is required with routes: the quarantine of every route's "
                                                  "malformed records and of the unrouted ones")
     for value, route in pipeline.routes.tables.items():
-        if route.table_uri.rstrip("/") == sink.quarantine_uri.rstrip("/"):
+        if same_table(route.table_uri, sink.quarantine_uri):
             raise key_problem(f"routes.tables.{value}.table_uri", "must differ from sink.quarantine_uri")
     sink.safe_on_s3(*(t.table_uri for t in pipeline.tables))
     if sink.catalog is not None:

@@ -45,6 +45,11 @@ class BoundStalled(PlanError):
     """A timestamp bound cannot move past a record stamped after it while older records wait behind it."""
 
 
+class RoutesChanged(PlanError):
+    """A routed pipeline's routes differ from the ones its last run committed under while a table of
+    those is behind: its records would be routed again by the new routes."""
+
+
 class StalePlan(PlanError):
     """A handed plan does not fit the pipeline or the table's current positions."""
 

@@ -38,9 +38,8 @@ from oncemore.core.errors import OncemoreError, root_cause
 from oncemore.core.storage import location_problem, table_location
 from oncemore.decode.resolve import resolve
 from oncemore.kafka import clients
-from oncemore.plan.continuity import check_continuity
 from oncemore.plan.ledger import open_table
-from oncemore.plan.tables import Ledgers, start
+from oncemore.plan.tables import Ledgers
 
 
 @dataclass(frozen=True)
@@ -162,12 +161,7 @@ def _positions(pipeline: Pipeline, admin, source: clients.SourceState) -> Check:
     what = "positions"
     try:
         log = clients.log_bounds(admin, pipeline, source.partitions)
-        held = {}
-        for tag, ledger in Ledgers(pipeline).planning().items():
-            table = ledger.snapshot()
-            held[tag] = ledger.positions(source.partitions, table)
-            check_continuity(pipeline, ledger, table, held[tag], source.identities, log)
-        positions = start(held, source.partitions)
+        positions = Ledgers(pipeline).checked_positions(source.identities, log)
     except Exception as exc:  # PlanError: another pipeline's table, a recreated topic, expired positions, ...
         return Check(pipeline.name, what, _cause(exc))
     held = sum(v is not None for v in positions.values())

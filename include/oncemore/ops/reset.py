@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any, Iterable
 
 from oncemore.commit.committer import commit_positions
@@ -17,12 +18,12 @@ from oncemore.commit.tables import ensure_tables
 from oncemore.config.model import Pipeline
 from oncemore.config.routes import DataTable
 from oncemore.config.values import OffsetBound
-from oncemore.core.coordinates import nested
-from oncemore.core.errors import CommitConflict, PlanError
+from oncemore.core.coordinates import flat, nested
+from oncemore.core.errors import CommitConflict, PlanError, RoutesChanged
 from oncemore.kafka import clients
 from oncemore.ops.check import table_checks
 from oncemore.plan import bounds
-from oncemore.plan.commitinfo import CommitInfo, Reset
+from oncemore.plan.commitinfo import CommitInfo, Reset, RoutesInForce
 from oncemore.plan.continuity import check_owner
 from oncemore.plan.ledger import Ledger
 from oncemore.plan.planner import first_offsets
@@ -89,6 +90,7 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
         # commits), or its rows from the target to that position would be written again.
         moves[ledger] = (was, {p: t if seen[p] is not None and t < seen[p] else max(t, t if was[p] is None else was[p])
                                for p, t in wanted.items()})
+    routes = _routes_after(pipeline, ledgers, state.partitions, target) if ledgers.routed else None
     schemas = {tag: _table_schema(pipeline, table, ledger, state.topics) for tag, (table, ledger) in ledgers.data.items()}
     if dry_run:  # the tables' checks a reset would make, read-only
         failed = [c for c in table_checks(pipeline) if not c.ok]
@@ -111,6 +113,7 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
             topic_ids={t: i.topic_id for t, i in sorted(state.identities.items()) if t in chosen},
             cluster_id=next(iter(state.identities.values())).cluster_id,
             reset=Reset(from_positions=nested(was), to_positions=nested(now), to=to.describe()),
+            routes=routes if ledger is ledgers.quarantine else None,
         )
         try:
             versions[ledger.table_uri] = commit_positions(ledger, now, record, seen=was, partitions=state.partitions,
@@ -123,6 +126,22 @@ def reset(pipeline: Pipeline, to: OffsetBound, run_id: str | None = None, take_o
                                  "tables')", **conflict.evidence) from None
     return {"pipeline": pipeline.name, "topics": state.topics, "from": {p: seen[p] for p in target}, "to": target,
             "versions": versions}
+
+
+def _routes_after(pipeline: Pipeline, ledgers: Ledgers, partitions, target) -> RoutesInForce:
+    """The routes a routed pipeline's reset commits under (plan/tables.py): the ones in force, which
+    must be the pipeline file's (RoutesChanged otherwise: a table of the routes before may lack
+    records a run must route first), each route's ``since`` kept for the partitions it leaves
+    where they are; the tables start the ones it moves alike."""
+    found = ledgers.in_force()
+    if found is not None and not found.same_routes(ledgers.configured()):
+        raise RoutesChanged(f"pipeline {pipeline.name}: the routes are not the ones its last run committed under "
+                            f"({found.describe()}): run the pipeline with its routes before a reset",
+                            pipeline=pipeline.name)
+    record = ledgers.routes_record(partitions, {})
+    since = {route: nested({p: o for p, o in flat(offsets).items() if p not in target})
+             for route, offsets in record.since.items()}
+    return replace(record, since={route: offsets for route, offsets in since.items() if offsets})
 
 
 def _table_schema(pipeline: Pipeline, table: DataTable, ledger: Ledger, topics: list[str]):

@@ -20,7 +20,8 @@ it committed it (commit/share.py); 10 routes (config/routes.py): ``route``, the 
 commit is in, and ``records.unrouted``, in a routed pipeline's quarantine table, the records no route
 took that the pipeline skips. Each of a routed pipeline's tables records its own range and what of
 it is its own: a route table's commit its ``written`` rows, the quarantine table's its
-``quarantined`` rows and the ``unrouted`` records skipped.
+``quarantined`` rows and the ``unrouted`` records skipped; the quarantine table's commits record
+the ``routes`` they were made under (RoutesInForce, plan/tables.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,27 @@ class Deletion:
 
 
 @dataclass(frozen=True)
+class RoutesInForce:
+    """The routes a routed pipeline's quarantine commit was made under: ``by``, ``unrouted``, each
+    route's table (its location, core/storage.table_key) by the value of ``by``, and ``since``: for
+    a route whose table may not yet hold a position where the route came into force, that offset
+    per partition (plan/tables.py)."""
+
+    by: str
+    unrouted: str
+    tables: Mapping[str, str]
+    since: Mapping[str, Nested] = field(default_factory=dict)  # {value: {topic: {partition: offset}}}
+
+    def same_routes(self, other: "RoutesInForce") -> bool:
+        """Whether ``other`` routes every record as these do (``since`` aside)."""
+        return (self.by, self.unrouted, dict(self.tables)) == (other.by, other.unrouted, dict(other.tables))
+
+    def describe(self) -> str:
+        tables = ", ".join(f"{value} -> {uri}" for value, uri in sorted(self.tables.items()))
+        return f"by {self.by}, unrouted {self.unrouted}, tables {tables}"
+
+
+@dataclass(frozen=True)
 class CommitInfo:
     pipeline: str
     run_id: str
@@ -93,6 +115,7 @@ class CommitInfo:
     stream_ms: Nested = field(default_factory=dict)  # {topic: {partition: ms}}: upserts, the greatest Kafka timestamp read
     resequence: Mapping[str, str] | None = None  # {"from": expression, "to": expression}; "": none
     route: str | None = None  # a routed pipeline's route table: the route (the value of routes.by)
+    routes: RoutesInForce | None = None  # a routed pipeline's quarantine table: the routes it committed under
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 
@@ -130,6 +153,8 @@ class CommitInfo:
             data["reset"] = Reset(**data["reset"])
         if data.get("deletion"):
             data["deletion"] = Deletion(**data["deletion"])
+        if data.get("routes"):
+            data["routes"] = RoutesInForce(**data["routes"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -4,7 +4,8 @@ one it was planned on.
 
 Invariant: a handed plan whose topic was recreated meanwhile (its offsets restarted) is refused
 with TopicChanged, and one whose table has lost its positions since (they expired) with
-PositionsMissing (continuity.check_positions_held): nothing is read.
+PositionsMissing (continuity.check_positions_held), and a routed pipeline's whose routes changed
+while a table is behind with RoutesChanged (tables.Ledgers.check_routes): nothing is read.
 """
 
 from __future__ import annotations
@@ -51,4 +52,6 @@ def check_plan(pipeline: Pipeline, plan: Plan, ledgers: Ledgers) -> Plan:
     for ledger in ledgers.planning().values():
         table = ledger.snapshot()
         check_positions_held(pipeline, ledger, table, ledger.positions(plan.positions, table))
+    if ledgers.routed:
+        ledgers.check_routes(plan.positions)
     return plan

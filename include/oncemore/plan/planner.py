@@ -23,8 +23,7 @@ from oncemore.kafka import clients
 from oncemore.kafka.clients import PartitionBounds, TopicIdentity
 from oncemore.plan import bounds as bounds_
 from oncemore.plan.commitinfo import Gap
-from oncemore.plan.continuity import check_continuity
-from oncemore.plan.tables import Ledgers, plan_table_uri, start
+from oncemore.plan.tables import Ledgers, plan_table_uri
 
 LATEST = OffsetBound(kind="latest")
 # Share of a byte budget planned from record sizes already seen: sizes vary, a cut task wastes work.
@@ -316,12 +315,7 @@ def plan_run(pipeline: Pipeline, until: OffsetBound = LATEST, admin: AdminClient
     admin = admin or clients.admin_client(pipeline)
     state = clients.describe_source(admin, pipeline)
     log = clients.log_bounds(admin, pipeline, state.partitions)
-    held = {}
-    for tag, ledger in Ledgers(pipeline).planning().items():
-        table = ledger.snapshot()
-        held[tag] = ledger.positions(state.partitions, table)
-        check_continuity(pipeline, ledger, table, held[tag], state.identities, log)
-    positions = start(held, state.partitions)
+    positions = Ledgers(pipeline).checked_positions(state.identities, log)
     starts = first_offsets(admin, pipeline, positions, log)
     range_starts = {p: positions[p] if positions[p] is not None else starts[p] for p in log}
     # Explicit `until` offsets leave unnamed partitions where they are.

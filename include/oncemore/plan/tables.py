@@ -5,28 +5,40 @@ Every table keeps its own positions (txn actions, ledger.py). A pipeline without
 from its main table's: the quarantine table commits only where it has rows, so its positions are
 only floors (the first offset whose quarantine rows it still needs). A routed pipeline's tables
 are all alike: each route table and the quarantine table record every range they consumed (an
-empty one too: a commit of positions alone), so a partition's next range starts at the lowest
-position any of them holds, and each table takes only the records at or after its own position
-(DESIGN.md invariants 3 and 7): a crash between two tables' commits reruns the tables left behind,
-and only them.
+empty one too: a commit of positions alone), and the quarantine table commits first, recording the
+routes it committed under (RoutesInForce). Each table's share starts at its effective position: a
+route table's own position, but never below where its route came into force, and a partition's
+next range starts at the lowest effective position (DESIGN.md invariants 3 and 7): a crash between
+two tables' commits reruns the tables left behind, and only them.
 
-A routed table that holds no position for a partition another of the pipeline's tables holds one
-for was added to the pipeline since (a new route): it starts at the quarantine table's position,
-where the records before it were routed (and their unrouted ones quarantined or counted) by the
-routes of then; without one, at the lowest position held. A partition no table holds a position
-for is recorded in all of them before any record of it is read (planner.py's anchor batch), so a
-crash between the first commits never leaves a table to be taken for new.
+Where a route came into force: a route the quarantine table's newest commit was not made under
+(new, re-added after its removal, or moved to another table) takes the records from the quarantine
+table's position on, for the records before were routed (and their unrouted ones quarantined or
+counted) by the routes of then; the quarantine commit that brings it into force records that
+offset as the route's ``since``, which the route keeps until its table holds a position there, so a
+crash before the route table's first commit still starts it there. A partition no table holds a
+position for is recorded in all of them before any record of it is read (planner.py's anchor
+batch), its ``since`` the anchor's offset.
+
+Invariant: the routes change only while every table of the routes in force holds the quarantine
+table's positions (check_routes): the records a table still lacks are never routed again by other
+routes, into another table or the quarantine.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Mapping
 
 from oncemore.config.model import Pipeline
 from oncemore.config.routes import DataTable
 from oncemore.core.columns import QUARANTINE_TAG
-from oncemore.core.coordinates import KafkaPartition
-from oncemore.plan.ledger import Ledger
+from oncemore.core.coordinates import KafkaPartition, flat, nested
+from oncemore.core.errors import RoutesChanged
+from oncemore.core.storage import table_key
+from oncemore.plan.commitinfo import RoutesInForce
+from oncemore.plan.continuity import check_continuity
+from oncemore.plan.ledger import RECENT_HISTORY, Ledger
 
 QUARANTINE = QUARANTINE_TAG  # the quarantine table's tag (DataTable.tag names the others)
 
@@ -44,6 +56,7 @@ class Ledgers:
 
     def __init__(self, pipeline: Pipeline):
         options = pipeline.sink.storage_options
+        self.pipeline = pipeline
         self.routed = pipeline.routes is not None
         self.data: dict[str, tuple[DataTable, Ledger]] = {
             t.tag: (t, Ledger(t.table_uri, pipeline.name, options)) for t in pipeline.tables}
@@ -71,12 +84,117 @@ class Ledgers:
     def positions(self, partitions: Iterable[KafkaPartition]) -> dict[KafkaPartition, int | None]:
         """Where the pipeline stands per partition: the positions a run plans from (``start``)."""
         partitions = list(partitions)
-        return start({tag: ledger.positions(partitions) for tag, ledger in self.planning().items()}, partitions)
+        held = {tag: ledger.positions(partitions) for tag, ledger in self.planning().items()}
+        return start(self.effective(held), partitions)
+
+    def checked_positions(self, identities, log: Mapping[KafkaPartition, object]) -> dict[KafkaPartition, int | None]:
+        """Where the pipeline stands per partition of ``log`` (``positions``), once every planning
+        table's own positions pass the checks a run makes before it plans (continuity.py) and the
+        routes may change (check_routes)."""
+        held = {}
+        for tag, ledger in self.planning().items():
+            table = ledger.snapshot()
+            held[tag] = ledger.positions(log, table)
+            check_continuity(self.pipeline, ledger, table, held[tag], identities, log)
+        if self.routed:
+            self.check_routes(log)
+        return start(self.effective(held), log)
+
+    def in_force(self) -> RoutesInForce | None:
+        """The routes the quarantine table's newest commit of the pipeline was made under (None: no
+        routed commit yet)."""
+        table = self.quarantine.snapshot() if self.routed else None
+        if table is None:
+            return None
+        for limit in (1, RECENT_HISTORY, None):  # its newest commit has them, unless another commit came after
+            found = next((e.record.routes for e in self.quarantine.recent_batches(limit, table) if e.record.routes), None)
+            if found is not None:
+                return found
+        return None
+
+    def configured(self) -> RoutesInForce:
+        """The pipeline file's routes, as a commit records them."""
+        routes = self.pipeline.routes
+        return RoutesInForce(routes.by, routes.unrouted, {t.route: table_key(t.table_uri) for t, _ in self.data.values()})
+
+    def effective(self, held: Held, found: RoutesInForce | None = None) -> dict[str, dict[KafkaPartition, int | None]]:
+        """Per table (tag) of ``held`` (the tables' own positions), the position its share of the
+        records starts from: its own, or a route table's never below where its route came into
+        force (module docstring). ``found``: the routes in force, read when not given."""
+        if not self.routed:
+            return {tag: dict(positions) for tag, positions in held.items()}
+        found = found or self.in_force()
+        quarantine = held[QUARANTINE]
+        effective = {QUARANTINE: dict(quarantine)}
+        for tag, (table, _) in self.data.items():
+            since = _since(found, table) if _entered(found, table) else quarantine
+            effective[tag] = {p: _highest(v, since.get(p)) for p, v in held[tag].items()}
+        return effective
+
+    def check_routes(self, partitions: Iterable[KafkaPartition]) -> None:
+        """RoutesChanged when the pipeline's routes are not the ones in force while a table of those
+        lacks records the quarantine table holds the positions of (module docstring's invariant)."""
+        found = self.in_force()
+        if found is None or found.same_routes(self.configured()):
+            return
+        partitions = list(partitions)
+        quarantine = self.quarantine.positions(partitions)
+        ledgers = {table_key(ledger.table_uri): ledger for _, ledger in self.data.values()}
+        for route, location in sorted(found.tables.items()):
+            ledger = ledgers.get(location) or Ledger(location, self.pipeline.name, self.pipeline.sink.storage_options)
+            since = flat(found.since.get(route, {}))
+            own = ledger.positions(partitions)
+            for p, position in sorted(quarantine.items()):
+                held = _highest(own[p], since.get(p))
+                if position is not None and (held is None or held < position):
+                    start_text = f"[{held}, {position})" if held is not None else f"before {position}"
+                    raise RoutesChanged(
+                        f"pipeline {self.pipeline.name}: the routes are not the ones its last run committed under "
+                        f"({found.describe()}), and route {route}'s table {location} still lacks topic {p.topic} "
+                        f"partition {p.partition} offsets {start_text}: restore those routes and run until every "
+                        "table holds the quarantine table's positions (status shows none behind), then change them",
+                        pipeline=self.pipeline.name, topic=p.topic, partition=p.partition, start=held, end=position,
+                        route=route, table_uri=location)
+
+    def routes_record(self, partitions: Iterable[KafkaPartition], starts: Mapping[KafkaPartition, int]) -> RoutesInForce:
+        """What a part's quarantine commit records (RoutesInForce): the pipeline's routes, and per
+        route whose table may still lack the records from where it came into force, that offset
+        (its ``since``): carried from the routes in force, the quarantine table's position for a
+        route coming into force with this commit, or for a partition new to the table the offset
+        the part ``starts`` it at. ``partitions``: every partition of the plan."""
+        found = self.in_force()
+        held = self.held(set(partitions) | set(starts))
+        quarantine = held[QUARANTINE]
+        since = {}
+        for tag, (table, _) in self.data.items():
+            own = held[tag]
+            carried = dict(_since(found, table)) if _entered(found, table) else {
+                p: q for p, q in quarantine.items() if q is not None}
+            for p, begin in starts.items():
+                if carried.get(p) is None and own.get(p) is None:
+                    carried[p] = _highest(begin, quarantine.get(p))
+            kept = {p: offset for p, offset in carried.items() if own.get(p) is None or own[p] < offset}
+            if kept:
+                since[table.route] = nested(kept)
+        return replace(self.configured(), since=since)
+
+
+def _entered(found: RoutesInForce | None, table: DataTable) -> bool:
+    """Whether ``table``'s route is in force, into this table."""
+    return found is not None and found.tables.get(table.route) == table_key(table.table_uri)
+
+
+def _since(found: RoutesInForce, table: DataTable) -> dict[KafkaPartition, int]:
+    return flat(found.since.get(table.route, {}))
+
+
+def _highest(*values: int | None) -> int | None:
+    return max((v for v in values if v is not None), default=None)
 
 
 def start(held: Held, partitions: Iterable[KafkaPartition]) -> dict[KafkaPartition, int | None]:
-    """Per partition, the lowest position the ``held`` (the planning tables') hold; None where none
-    holds one."""
+    """Per partition, the lowest position the ``held`` (the planning tables', effective) hold;
+    None where none holds one."""
     found = {}
     for p in partitions:
         values = [positions[p] for positions in held.values() if positions.get(p) is not None]
@@ -84,15 +202,7 @@ def start(held: Held, partitions: Iterable[KafkaPartition]) -> dict[KafkaPartiti
     return found
 
 
-def floors(held: Held, routed: bool, tag: str, starts: Mapping[KafkaPartition, int]) -> dict[KafkaPartition, int]:
+def floors(effective: Held, tag: str, starts: Mapping[KafkaPartition, int]) -> dict[KafkaPartition, int]:
     """Per partition of ``starts`` (where a part's ranges start), the first offset table ``tag``
-    still needs: its own position; without one, the part's start, or for a routed pipeline whose
-    other tables hold positions, the quarantine table's (module docstring)."""
-    own = held[tag]
-    found = {}
-    for p, begin in starts.items():
-        position = own.get(p)
-        if position is None and routed:
-            position = held[QUARANTINE].get(p)
-        found[p] = max(begin, position if position is not None else begin)
-    return found
+    still needs: its effective position, or the part's start."""
+    return {p: _highest(begin, effective[tag].get(p)) for p, begin in starts.items()}

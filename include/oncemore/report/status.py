@@ -148,21 +148,25 @@ def recent_batches(ledgers: Ledgers, limit: int) -> list[CommitEntry]:
 
 def routes_state(pipeline: Pipeline, ledgers: Ledgers, held: dict) -> dict[str, Any]:
     """A routed pipeline's tables: by route (and the quarantine table), where it is, its version and
-    its own positions, and the partitions where it is behind the others (a crash between a part's
-    commits: the next run commits it alone)."""
+    its own positions, and the partitions where it lacks records the quarantine table holds the
+    positions of (a crash between a part's commits: the next run commits it alone); and
+    ``changed_from``, the routes the last run committed under when the pipeline file's differ (the
+    next run applies them, or refuses while a table is behind: plan/tables.py)."""
     routes = pipeline.routes
-    highest = {p: max((v for found in held.values() if (v := found[p]) is not None), default=None)
-               for p in held[QUARANTINE]}
+    found = ledgers.in_force()
+    effective = ledgers.effective(held, found)
+    quarantine = held[QUARANTINE]
     tables = {}
     for tag, ledger in ledgers.by_tag().items():
         table = ledger.snapshot()
-        own = held[tag]
         tables[tag.removeprefix(ROUTE_TAG_PREFIX)] = {
             "table_uri": ledger.table_uri, "version": table.version() if table is not None else None,
-            "positions": {str(p): v for p, v in own.items()},
-            "behind": {str(p): [v, highest[p]] for p, v in own.items()
-                       if highest[p] is not None and (v is None or v < highest[p])}}
-    return {"by": routes.by, "unrouted": routes.unrouted, "tables": tables}
+            "positions": {str(p): v for p, v in held[tag].items()},
+            "behind": {str(p): [v, quarantine[p]] for p, v in effective[tag].items()
+                       if quarantine[p] is not None and (v is None or v < quarantine[p])}}
+    changed = found is not None and not found.same_routes(ledgers.configured())
+    return {"by": routes.by, "unrouted": routes.unrouted, "tables": tables,
+            "changed_from": found.describe() if changed else None}
 
 
 def _gone(pipeline: Pipeline, kafka: ClusterLookups, ledgers: Ledgers, recent: Sequence[CommitEntry],
@@ -209,9 +213,11 @@ def format_status(data: dict[str, Any]) -> str:
                  f"(unrouted: {routes['unrouted']}):"]
         for name, table in routes["tables"].items():
             what = "quarantine" if name == QUARANTINE else f"route {name}"
-            behind = "; behind: " + ", ".join(f"{p} at {v} (others at {top})" for p, (v, top) in table["behind"].items()) \
-                if table["behind"] else ""
+            behind = "; behind: " + ", ".join(f"{p} at {v} (the quarantine table at {top})"
+                                              for p, (v, top) in table["behind"].items()) if table["behind"] else ""
             lines.append(f"  {what} -> {table['table_uri']} (version {table['version']}){behind}")
+        if routes["changed_from"]:
+            lines.append(f"  the last run routed {routes['changed_from']}: the next run routes as above")
     header = ("topic", "partition", "position", "log_start", "log_end", "lag", "lag_seconds", "last_commit")
     lines.append("  ".join(f"{h:>12}" for h in header))
     for row in data["partitions"]:

@@ -11,6 +11,8 @@ Each of its tables records the ranges it consumed (commit/routed.py). For every 
 3. counts, per commit of each table whose offsets no other commit of it covers: its rows in the
    table are what its record says (a route table's ``written``, the quarantine table's
    ``quarantined``), less the rows a recorded deletion removed since.
+The tables are the pipeline's and every table the quarantine table's commits name as a route's
+(RoutesInForce) that no route names now: a route removed or moved keeps its records there.
 The offsets of the quarantine table's committed ranges that hold a row in no table are the records
 its commits count as ``unrouted`` (skipped), offsets that hold no record (transaction markers,
 aborted records, compaction), or records a route table still lacks (behind after a crash between a
@@ -27,8 +29,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import ROUTE_TAG_PREFIX
+from oncemore.core.columns import QUARANTINE_TAG, ROUTE_TAG_PREFIX
+from oncemore.core.storage import table_key
 from oncemore.plan.commitinfo import CommitEntry
+from oncemore.plan.ledger import Ledger
 from oncemore.plan.tables import Ledgers
 from oncemore.report.history import Removals, coverage, deleted_spans, scan_tasks, snapshot_files
 from oncemore.report.verdict import EXAMPLES, Discrepancy, VerifyReport
@@ -36,6 +40,8 @@ from oncemore.run.session import register_source, slots
 
 if TYPE_CHECKING:
     from oncemore.report.history import Piece
+
+FORMER = ", no longer routed"  # ends the label of a table the routes named before (_former)
 
 
 class _Named:
@@ -53,7 +59,8 @@ def verify_routes(pipeline: Pipeline, spark_factory, since: int | None = None) -
     from oncemore.report.verify import NothingToVerify, _walk
 
     ledgers = Ledgers(pipeline)
-    tables = [(tag.removeprefix(ROUTE_TAG_PREFIX), ledger) for tag, ledger in ledgers.by_tag().items()]
+    tables = [(tag.removeprefix(ROUTE_TAG_PREFIX), ledger) for tag, (_, ledger) in ledgers.data.items()]
+    tables += [*_former(pipeline, ledgers), (QUARANTINE_TAG, ledgers.quarantine)]
     snapshots = [ledger.snapshot() for _, ledger in tables]
     if all(s is None for s in snapshots):
         raise NothingToVerify(f"pipeline {pipeline.name}: no table of its routes at "
@@ -73,6 +80,9 @@ def verify_routes(pipeline: Pipeline, spark_factory, since: int | None = None) -
 
     # 1. Each table's history, and the positions its snapshot holds.
     for (label, ledger), table, history in zip(tables, snapshots, histories):
+        if table is None and label.endswith(FORMER):
+            report.add(Discrepancy("history", "-", -1, 0, 0, (), f"the table {ledger.table_uri} the quarantine "
+                                   "table's commits routed records into is gone: its records are in no table", label))
         left = _walk(history, _Named(report, label))
         held = ledger.positions(left, table) if table is not None else {}
         for p, (position, version) in sorted(left.items()):
@@ -96,6 +106,18 @@ def verify_routes(pipeline: Pipeline, spark_factory, since: int | None = None) -
     if files:
         _audit(spark_factory(), files, covered, pieces, commits, audited, tables, removals, pipeline, report)
     return report
+
+
+def _former(pipeline: Pipeline, ledgers: Ledgers) -> list[tuple[str, Ledger]]:
+    """The tables the quarantine table's commits routed records into that are no route's table
+    now (a route removed, or moved to another table), labelled by route: their records count too."""
+    table = ledgers.quarantine.snapshot()
+    now = {table_key(ledger.table_uri) for _, ledger in ledgers.data.values()}
+    named = set() if table is None else {
+        (route, location) for entry in ledgers.quarantine.recent_batches(None, table) if entry.record.routes
+        for route, location in entry.record.routes.tables.items() if location not in now}
+    return [(f"{route} ({location}){FORMER}", Ledger(location, pipeline.name, pipeline.sink.storage_options))
+            for route, location in sorted(named)]
 
 
 def _audit(spark, files, covered, pieces: dict[int, "Piece"], commits: list[tuple[int, CommitEntry]],

@@ -220,10 +220,11 @@ class _Run:
         plan, left, held = self.plan, part.left, part.held
         routes = tuple(RouteTable(t.tag, t.route, t.table_uri, t.partition_by, dict(held[t.tag]), part.floors(t.tag))
                        for t in self.pipeline.tables if t.route is not None)
+        starts = {p: r.start for p, r in left.items()}
         return Part(
             pipeline=self.pipeline.name, run_id=self.run_id, batch_seq=part.batch.seq, until=plan.until,
             table_uri=self.pipeline.sink.table_uri, quarantine_uri=self.pipeline.sink.quarantine_uri,
-            partition_by=self.pipeline.sink.partition_by, starts={p: r.start for p, r in left.items()},
+            partition_by=self.pipeline.sink.partition_by, starts=starts,
             expected={} if routes else {p: part.positions[p] for p in left},
             quarantine_expected=dict(held[QUARANTINE_TAG]),
             partitions=tuple(sorted(plan.bounds)), gaps=part.batch.gaps,
@@ -235,6 +236,7 @@ class _Run:
             may_filter=self.pipeline.transform is not None,
             upsert=self._upsert(),
             routes=routes,
+            routes_in_force=self.ledgers.routes_record(plan.bounds, starts) if routes else None,
         )
 
     def _upsert(self) -> UpsertSpec | None:
