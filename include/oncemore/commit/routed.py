@@ -2,15 +2,16 @@
 table's in the pipeline's order, once the quarantine table holds its part of the range.
 
 Every table of a routed pipeline is one of alike tables (plan/tables.py): each commits the whole
-range it consumed, [its floor, the part's end) of every partition it does not hold yet (from its own
-position, for a route re-added, whose records since its removal were routed by the routes of then),
-with the positions of that range and a record of what in it is its own (a route table's rows ``written``;
-the quarantine table's rows ``quarantined``, the records skipped as ``unrouted`` and the routes it
-committed under, RoutesInForce), a commit of positions alone where none of the part's records is its. So every offset of a committed range is in
-exactly one route table, the quarantine table or a commit's counted skips (DESIGN.md invariant 7),
-and a crash between two tables' commits (the ``quarantine_committed`` and ``route_committed`` crash
-points) leaves the tables behind to the next run, which reads from the lowest position and gives
-each table only the records at or after its own.
+range it consumed, [its floor, the part's end) of every partition it does not hold yet (from its
+own position, for a route re-added, whose records since its removal were routed by the routes of
+then), with the positions of that range and a record of what in it is its own (a route table's
+rows ``written``; the quarantine table's rows ``quarantined``, the records skipped as ``unrouted``
+and the routes it committed under, RoutesInForce), a commit of positions alone where none of the
+part's records is its. So every offset of a committed range is in exactly one route table, the
+quarantine table or a commit's counted skips (DESIGN.md invariant 7), and a crash between two
+tables' commits (the ``quarantine_committed`` and ``route_committed`` crash points) leaves the
+tables behind to the next run, which reads from the lowest position and gives each table only the
+records at or after its effective position.
 
 Invariant: a table's commit moves its positions only from the ones its part was planned on, as
 every commit does (committer.py); a table whose commit conflicts stops the part, the files of the
