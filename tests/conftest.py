@@ -19,6 +19,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 import duckdb
 import duckdb_extension_delta
@@ -299,13 +300,13 @@ def produced_coordinates(topic: str, pairs: list[tuple[int, int]]) -> list[tuple
 
 
 def oncemore_command(pipeline: Pipeline, command: str = "run", fault: str | None = None,
-                     whole_run: bool = True) -> subprocess.Popen:
-    """``oncemore COMMAND --config`` of ``pipeline`` started in its own process on ``local[1]``;
-    with ``fault``, dying at that core/crashpoints.py step: the whole run (its own process group), or with
-    ``whole_run=False`` only the process reaching it."""
+                     whole_run: bool = True, args: Sequence[str] = ()) -> subprocess.Popen:
+    """``oncemore COMMAND --config`` of ``pipeline`` (and ``args``) started in its own process on
+    ``local[1]``; with ``fault``, dying at that core/crashpoints.py step: the whole run (its own
+    process group), or with ``whole_run=False`` only the process reaching it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEMORE_FAULTS")}
     env.update(PYTHONPATH=str(ROOT / "include"), ONCEMORE_SPARK_MASTER="local[1]", **({"ONCEMORE_FAULTS": fault} if fault else {}))
-    return subprocess.Popen([sys.executable, "-m", "oncemore.cli", command, "--config", pipeline.origin], env=env,
+    return subprocess.Popen([sys.executable, "-m", "oncemore.cli", command, "--config", pipeline.origin, *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=whole_run)
 
 

@@ -309,9 +309,10 @@ def test_a_crash_between_route_commits_reruns_only_the_tables_behind_alone_and_r
             assert len({records[4].run_id for records in made.values()}) == 1
 
 
-def route_tables(tmp: Path, name: str, **uris: str) -> dict:
-    """``routes.tables`` for the routes named (created, paid, refunded), each in ``tmp/name/<table>``."""
-    schemas = {"created": CREATED, "paid": PAID, "refunded": "id BIGINT, type STRING"}
+def route_tables(tmp: Path, name: str, schemas: dict[str, str] | None = None, **uris: str) -> dict:
+    """``routes.tables`` for the routes named (created, paid, refunded), each in ``tmp/name/<table>``
+    (``schemas``: a route's schema other than its usual one)."""
+    schemas = {"created": CREATED, "paid": PAID, "refunded": "id BIGINT, type STRING", **(schemas or {})}
     return {"tables": {route: {"table_uri": str(tmp / name / table), "format": {"type": "json", "schema": schemas[route]}}
                        for route, table in uris.items()}}
 
@@ -328,9 +329,9 @@ def test_routes_changed_between_runs_land_every_record_once_and_never_while_a_ta
         broker, topic, make_pipeline, spark, tmp_path):
     from oncemore.core.errors import RoutesChanged
 
-    def pipeline(**uris):
+    def pipeline(schemas=None, **uris):
         return routed(make_pipeline, topic, "changes", tmp_path, limits={"max_records_per_commit": 150},
-                      routes=route_tables(tmp_path, "changes", **uris))
+                      routes=route_tables(tmp_path, "changes", schemas, **uris))
 
     held: dict[str, list] = {}  # by table (its directory's name): the records expected in it
 
@@ -373,7 +374,11 @@ def test_routes_changed_between_runs_land_every_record_once_and_never_while_a_ta
         runner.run(pipeline(**moved), spark_factory=no_spark)
     line = str(refused.value)
     assert "\n" not in line and f"route created's table {tmp_path / 'changes' / 'created'} still lacks topic {topic} " \
-        "partition 0 offsets [200, 250)" in line, line
+        "partition 0 offsets [200, 250)" in line and "route paid's table" in line, line
+    # A route's format is part of its routes: a record it refuses now was committed as good by the
+    # quarantine table's part, and would land in no table.
+    with pytest.raises(RoutesChanged, match="route created's format"):
+        runner.run(pipeline({"created": CREATED + ", amount BIGINT"}, **three), spark_factory=no_spark)
     shown = status(pipeline(**moved))["routes"]
     assert shown["changed_from"] and shown["tables"]["created"]["behind"] == {
         f"{topic}/{p}": [200, 250] for p in range(3)}
@@ -387,3 +392,56 @@ def test_routes_changed_between_runs_land_every_record_once_and_never_while_a_ta
     former = f"paid ({tmp_path / 'changes' / 'paid'}), no longer routed"
     assert audit.tables[former]["rows"] == len(held["paid"])
     assert sum(t["rows"] for t in audit.tables.values()) == sum(map(len, held.values()))
+
+
+def test_a_run_under_the_old_routes_stops_once_a_run_under_new_ones_committed(
+        broker, topic, make_pipeline, spark, tmp_path, monkeypatch):
+    from oncemore.core import crashpoints
+    from oncemore.core.errors import RoutesChanged
+
+    def pipeline(**uris):
+        return routed(make_pipeline, topic, "deploy", tmp_path, limits={"max_records_per_commit": 150},
+                      quarantine={"max_fraction": 1}, routes=route_tables(tmp_path, "deploy", **uris))
+
+    two = {"created": "created", "paid": "paid"}
+    three = {**two, "refunded": "refunded"}
+    produced = produce(broker, topic, 0, 150)
+    assert runner.run(pipeline(**two), spark_factory=lambda: spark).status == "committed"  # 50 a partition
+    more = produce(broker, topic, 150, 450)
+    reached = crashpoints.reach
+    seen = []
+
+    def deploy(step: str, nth: int, *args: str):
+        """At the old run's ``nth`` ``step``, a deploy adds a route, and a run with it (``args``)
+        commits the quarantine table's part under the new routes and dies before its route tables'."""
+        def reach(reaching: str) -> None:
+            if reaching == step:
+                seen.append(step)
+                if len(seen) == nth:
+                    process = oncemore_command(pipeline(**three), "run", "quarantine_committed", args=args)
+                    _, err = process.communicate(timeout=600)
+                    assert process.returncode == -signal.SIGKILL, err[-2000:]
+            reached(reaching)
+        return reach
+
+    # Between two parts of the old run: its next part is refused, naming the new route's table behind.
+    monkeypatch.setattr(crashpoints, "reach", deploy("route_committed", 2))
+    with pytest.raises(RoutesChanged, match="route refunded removed"):
+        runner.run(pipeline(**two), spark_factory=lambda: spark)
+    # Within a part, the run under new routes reading other partitions (so no position the old
+    # part builds on moved): the old part commits nothing under routes no longer in force.
+    assert runner.run(pipeline(**three), spark_factory=lambda: spark).status == "committed"
+    later = produce(broker, topic, 600, 300)
+    seen.clear()
+    monkeypatch.setattr(crashpoints, "reach", deploy("validated", 1, "--until", json.dumps({topic: {"1": 300}})))
+    with pytest.raises(RoutesChanged, match="route refunded removed"):
+        runner.run(pipeline(**two), until=OffsetBound.parse(json.dumps({topic: {"0": 300}})),
+                   spark_factory=lambda: spark)
+    monkeypatch.setattr(crashpoints, "reach", reached)
+    # Neither old run dropped the new route's start: the run under the new routes lands every record once.
+    assert runner.run(pipeline(**three), spark_factory=lambda: spark).status == "committed"
+    found = [tuple(c) for coordinates in landed(pipeline(**three)).values() for c in coordinates]
+    assert_exactly_once(found, [c for landing in (produced, more, later) for coordinates in landing.values()
+                                for c in coordinates])
+    audit = verify(pipeline(**three), lambda: spark)
+    assert audit.ok, audit.describe()

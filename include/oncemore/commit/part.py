@@ -81,7 +81,8 @@ class Part:
     may_filter: bool = False  # a transform may drop records; without one, every record read is a row
     upsert: UpsertSpec | None = None  # change rows MERGEd by key (merge.py); None: an append
     routes: tuple[RouteTable, ...] = ()  # a routed pipeline's tables (routed.py), in the pipeline's order
-    routes_in_force: RoutesInForce | None = None  # what its quarantine commit records (plan/tables.py)
+    routes_before: RoutesInForce | None = None  # the routes in force when it was planned (plan/tables.py)
+    routes_in_force: RoutesInForce | None = None  # what its quarantine commit records
 
     @property
     def changes_uri(self) -> str:
@@ -118,7 +119,8 @@ class Part:
         if data["upsert"] is not None:
             data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
         data["routes"] = tuple(RouteTable.from_dict(t) for t in data["routes"])
-        data["routes_in_force"] = data["routes_in_force"] and RoutesInForce(**data["routes_in_force"])
+        for name in ("routes_before", "routes_in_force"):
+            data[name] = data[name] and RoutesInForce(**data[name])
         return cls(**data)
 
 

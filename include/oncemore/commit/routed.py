@@ -16,7 +16,8 @@ records at or after its effective position.
 Invariant: a table's commit moves its positions only from the ones its part was planned on, as
 every commit does (committer.py); a table whose commit conflicts stops the part, the files of the
 tables after it are deleted (never offered to a commit), and the batch goes round from the
-positions as they are.
+positions as they are. A part whose routes another run's commit made stale meanwhile (plan/tables.py's
+invariant, checked again at the commit) commits nothing and fails the run (RoutesChanged).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from oncemore.commit.inputs import RangeResult, RouteTable
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import QUARANTINE_TAG
 from oncemore.core.coordinates import KafkaPartition, by_text, nested
+from oncemore.core.errors import RoutesChanged
+from oncemore.core.storage import table_key
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
+from oncemore.plan.tables import lagging, routes_changed, routes_in_force
 from oncemore.write.files import DataFile
 
 if TYPE_CHECKING:
@@ -49,11 +53,17 @@ def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[st
     table's commit records its own share."""
     from oncemore.commit.part import _commit, files_added  # one way to commit a table's files, part.py's
 
-    quarantine = RouteTable(QUARANTINE_TAG, "", part.quarantine_uri, (), part.quarantine_expected,
-                            {p: part.quarantine_expected.get(p) or start for p, (start, _) in read.items()})
+    expected = part.quarantine_expected
+    quarantine = RouteTable(QUARANTINE_TAG, "", part.quarantine_uri, (), expected,
+                            {p: start if expected.get(p) is None else expected[p] for p, (start, _) in read.items()})
     statuses, versions, added = [], {}, {}
     tables = [(quarantine, {"quarantined": _rows(files[QUARANTINE_TAG]), "unrouted": sum(r.unrouted for r in kept)}),
               *((route, {"written": _rows(files[route.tag])}) for route in part.routes)]
+    try:
+        _check_routes(part, ledgers, storage_options)
+    except RoutesChanged:
+        _drop(part, tables, files, storage_options)  # offered to no commit
+        raise
     for i, (table, counts) in enumerate(tables):
         ranges = table.ranges(read)
         if ranges:
@@ -82,6 +92,24 @@ def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[st
             crashpoints.reach("route_committed")
     status = next((s for s in ("committed", "lost_race") if s in statuses), "already_committed")
     return status, versions, added
+
+
+def _check_routes(part: "Part", ledgers: Mapping[str, Ledger], storage_options) -> None:
+    """plan/tables.py's invariant once more at the commit, for another run may have committed since
+    the part was planned: the part's routes are the ones in force, or those are still the ones the
+    part was planned under (its ``since`` was read from them) and every table of them is level;
+    RoutesChanged otherwise."""
+    found = routes_in_force(ledgers[QUARANTINE_TAG])
+    if found is None or found.same_routes(part.routes_in_force):
+        return
+    if part.routes_before is None or not found.same_routes(part.routes_before):
+        raise RoutesChanged(f"pipeline {part.pipeline}: another run committed under other routes ({found.describe()}) "
+                            f"while batch {part.batch_seq} was read: nothing of it was committed; run again",
+                            pipeline=part.pipeline)
+    at_hand = {table_key(t.table_uri): ledgers[t.tag] for t in part.routes}
+    gap = lagging(found, ledgers[QUARANTINE_TAG], at_hand, part.partitions, storage_options)
+    if gap is not None:
+        raise routes_changed(part.pipeline, found, part.routes_in_force, gap)
 
 
 def _record(record: CommitInfo, table: RouteTable, ranges: Mapping[KafkaPartition, tuple[int, int]],

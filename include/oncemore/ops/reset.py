@@ -135,10 +135,10 @@ def _routes_after(pipeline: Pipeline, ledgers: Ledgers, partitions, target) -> R
     where they are; the tables start the ones it moves alike."""
     found = ledgers.in_force()
     if found is not None and not found.same_routes(ledgers.configured()):
-        raise RoutesChanged(f"pipeline {pipeline.name}: the routes are not the ones its last run committed under "
-                            f"({found.describe()}): run the pipeline with its routes before a reset",
-                            pipeline=pipeline.name)
-    record = ledgers.routes_record(partitions, {})
+        raise RoutesChanged(f"pipeline {pipeline.name}: its routes changed since its last run "
+                            f"({found.changes_to(ledgers.configured())}): run it once with the new routes (or restore "
+                            f"the last run's: {found.describe()}), then reset", pipeline=pipeline.name)
+    record = ledgers.routes_record(partitions, {}, found)
     since = {route: nested({p: o for p, o in flat(offsets).items() if p not in target})
              for route, offsets in record.since.items()}
     return replace(record, since={route: offsets for route, offsets in since.items() if offsets})

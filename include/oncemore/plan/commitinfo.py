@@ -74,22 +74,39 @@ class Deletion:
 @dataclass(frozen=True)
 class RoutesInForce:
     """The routes a routed pipeline's quarantine commit was made under: ``by``, ``unrouted``, each
-    route's table (its location, core/storage.table_key) by the value of ``by``, and ``since``: for
-    a route whose table may not yet hold a position where the route came into force, that offset
-    per partition (plan/tables.py)."""
+    route's table (its location, core/storage.table_key) and a fingerprint of how its records are
+    decoded (``decoding``: its format and the pipeline's key format, never a registry's settings)
+    by the value of ``by``, and ``since``: for a route whose table may not yet hold a position
+    where the route came into force, that offset per partition (plan/tables.py)."""
 
     by: str
     unrouted: str
     tables: Mapping[str, str]
+    decoding: Mapping[str, str] = field(default_factory=dict)  # {value: fingerprint}
     since: Mapping[str, Nested] = field(default_factory=dict)  # {value: {topic: {partition: offset}}}
 
     def same_routes(self, other: "RoutesInForce") -> bool:
-        """Whether ``other`` routes every record as these do (``since`` aside)."""
-        return (self.by, self.unrouted, dict(self.tables)) == (other.by, other.unrouted, dict(other.tables))
+        """Whether ``other`` routes and decodes every record as these do (``since`` aside)."""
+        return ((self.by, self.unrouted, dict(self.tables), dict(self.decoding))
+                == (other.by, other.unrouted, dict(other.tables), dict(other.decoding)))
 
     def describe(self) -> str:
         tables = ", ".join(f"{value} -> {uri}" for value, uri in sorted(self.tables.items()))
         return f"by {self.by}, unrouted {self.unrouted}, tables {tables}"
+
+    def changes_to(self, other: "RoutesInForce") -> str:
+        """What ``other`` changes of these routes, in words."""
+        changes = [f"{what} {mine} -> {theirs}" for what, mine, theirs in (
+            ("by", self.by, other.by), ("unrouted", self.unrouted, other.unrouted)) if mine != theirs]
+        for value in sorted(set(self.tables) | set(other.tables)):
+            mine, theirs = self.tables.get(value), other.tables.get(value)
+            if mine is None or theirs is None:
+                changes.append(f"route {value} {'added' if mine is None else 'removed'}")
+            elif mine != theirs:
+                changes.append(f"route {value}'s table {mine} -> {theirs}")
+            elif self.decoding.get(value) != other.decoding.get(value):
+                changes.append(f"route {value}'s format (or the key's)")
+        return ", ".join(changes)
 
 
 @dataclass(frozen=True)

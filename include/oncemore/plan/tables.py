@@ -27,6 +27,7 @@ routes, into another table or the quarantine.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Iterable, Mapping
 
@@ -38,7 +39,7 @@ from oncemore.core.errors import RoutesChanged
 from oncemore.core.storage import table_key
 from oncemore.plan.commitinfo import RoutesInForce
 from oncemore.plan.continuity import check_continuity
-from oncemore.plan.ledger import RECENT_HISTORY, Ledger
+from oncemore.plan.ledger import RECENT_HISTORY, Ledger, fingerprint
 
 QUARANTINE = QUARANTINE_TAG  # the quarantine table's tag (DataTable.tag names the others)
 
@@ -102,20 +103,16 @@ class Ledgers:
 
     def in_force(self) -> RoutesInForce | None:
         """The routes the quarantine table's newest commit of the pipeline was made under (None: no
-        routed commit yet)."""
-        table = self.quarantine.snapshot() if self.routed else None
-        if table is None:
-            return None
-        for limit in (1, RECENT_HISTORY, None):  # its newest commit has them, unless another commit came after
-            found = next((e.record.routes for e in self.quarantine.recent_batches(limit, table) if e.record.routes), None)
-            if found is not None:
-                return found
-        return None
+        routed commit yet, or none the log still keeps)."""
+        return routes_in_force(self.quarantine) if self.routed else None
 
     def configured(self) -> RoutesInForce:
         """The pipeline file's routes, as a commit records them."""
-        routes = self.pipeline.routes
-        return RoutesInForce(routes.by, routes.unrouted, {t.route: table_key(t.table_uri) for t, _ in self.data.values()})
+        routes, key = self.pipeline.routes, self.pipeline.key
+        decoding = {t.route: f"{fingerprint(json.dumps([_settings(t.format), _settings(key)], sort_keys=True)):x}"
+                    for t, _ in self.data.values()}
+        return RoutesInForce(routes.by, routes.unrouted, {t.route: table_key(t.table_uri) for t, _ in self.data.values()},
+                             decoding)
 
     def effective(self, held: Held, found: RoutesInForce | None = None) -> dict[str, dict[KafkaPartition, int | None]]:
         """Per table (tag) of ``held`` (the tables' own positions), the position its share of the
@@ -127,48 +124,37 @@ class Ledgers:
         quarantine = held[QUARANTINE]
         effective = {QUARANTINE: dict(quarantine)}
         for tag, (table, _) in self.data.items():
-            since = _since(found, table) if _entered(found, table) else quarantine
+            since = _since(found, table) if _entered(found, table, held[tag]) else quarantine
             effective[tag] = {p: _highest(v, since.get(p)) for p, v in held[tag].items()}
         return effective
 
     def check_routes(self, partitions: Iterable[KafkaPartition]) -> None:
         """RoutesChanged when the pipeline's routes are not the ones in force while a table of those
         lacks records the quarantine table holds the positions of (module docstring's invariant)."""
-        found = self.in_force()
-        if found is None or found.same_routes(self.configured()):
+        found, configured = self.in_force(), self.configured()
+        if found is None or found.same_routes(configured):
             return
-        partitions = list(partitions)
-        quarantine = self.quarantine.positions(partitions)
         ledgers = {table_key(ledger.table_uri): ledger for _, ledger in self.data.values()}
-        for route, location in sorted(found.tables.items()):
-            ledger = ledgers.get(location) or Ledger(location, self.pipeline.name, self.pipeline.sink.storage_options)
-            since = flat(found.since.get(route, {}))
-            own = ledger.positions(partitions)
-            for p, position in sorted(quarantine.items()):
-                held = _highest(own[p], since.get(p))
-                if position is not None and (held is None or held < position):
-                    start_text = f"[{held}, {position})" if held is not None else f"before {position}"
-                    raise RoutesChanged(
-                        f"pipeline {self.pipeline.name}: the routes are not the ones its last run committed under "
-                        f"({found.describe()}), and route {route}'s table {location} still lacks topic {p.topic} "
-                        f"partition {p.partition} offsets {start_text}: restore those routes and run until every "
-                        "table holds the quarantine table's positions (status shows none behind), then change them",
-                        pipeline=self.pipeline.name, topic=p.topic, partition=p.partition, start=held, end=position,
-                        route=route, table_uri=location)
+        gap = lagging(found, self.quarantine, ledgers, partitions, self.pipeline.sink.storage_options)
+        if gap is not None:
+            raise routes_changed(self.pipeline.name, found, configured, gap)
 
-    def routes_record(self, partitions: Iterable[KafkaPartition], starts: Mapping[KafkaPartition, int]) -> RoutesInForce:
+    def routes_record(self, partitions: Iterable[KafkaPartition], starts: Mapping[KafkaPartition, int],
+                      found: RoutesInForce | None) -> RoutesInForce:
         """What a part's quarantine commit records (RoutesInForce): the pipeline's routes, and per
         route whose table may still lack the records from where it came into force, that offset
-        (its ``since``): carried from the routes in force, the quarantine table's position for a
-        route coming into force with this commit, or for a partition new to the table the offset
-        the part ``starts`` it at. ``partitions``: every partition of the plan."""
-        found = self.in_force()
+        (its ``since``): carried from the routes in force (``found``, in_force), the quarantine
+        table's position for a route coming into force with this commit, or for a partition new to
+        the table the offset the part ``starts`` it at. ``partitions``: every partition of the plan."""
+        configured = self.configured()
         held = self.held(set(partitions) | set(starts))
+        if found is not None and not found.same_routes(configured):
+            self.check_routes(list(held[QUARANTINE]))  # another run's routes came into force during this run
         quarantine = held[QUARANTINE]
         since = {}
         for tag, (table, _) in self.data.items():
             own = held[tag]
-            carried = dict(_since(found, table)) if _entered(found, table) else {
+            carried = dict(_since(found, table)) if _entered(found, table, own) else {
                 p: q for p, q in quarantine.items() if q is not None}
             for p, begin in starts.items():
                 if carried.get(p) is None and own.get(p) is None:
@@ -176,12 +162,67 @@ class Ledgers:
             kept = {p: offset for p, offset in carried.items() if own.get(p) is None or own[p] < offset}
             if kept:
                 since[table.route] = nested(kept)
-        return replace(self.configured(), since=since)
+        return replace(configured, since=since)
 
 
-def _entered(found: RoutesInForce | None, table: DataTable) -> bool:
-    """Whether ``table``'s route is in force, into this table."""
-    return found is not None and found.tables.get(table.route) == table_key(table.table_uri)
+def routes_in_force(quarantine: Ledger) -> RoutesInForce | None:
+    """The routes the quarantine table's (``quarantine``'s) newest commit of the pipeline was made
+    under (Ledgers.in_force)."""
+    table = quarantine.snapshot()
+    if table is None:
+        return None
+    for limit in (1, RECENT_HISTORY, None):  # its newest commit has them, unless another commit came after
+        found = next((e.record.routes for e in quarantine.recent_batches(limit, table) if e.record.routes), None)
+        if found is not None:
+            return found
+    return None
+
+
+def lagging(found: RoutesInForce, quarantine: Ledger, ledgers: Mapping[str, Ledger], partitions: Iterable[KafkaPartition],
+            storage_options: Mapping[str, str] | None) -> tuple[str, str, KafkaPartition, int | None, int] | None:
+    """The first table of the routes in force ``found`` that lacks records of ``partitions`` the
+    quarantine table holds the positions of, as (route, its table, partition, where its share
+    starts, the quarantine table's position); None when every one is level. ``ledgers``: the
+    ledgers at hand by table_key (another table's is opened)."""
+    partitions = list(partitions)
+    positions = quarantine.positions(partitions)
+    for route, location in sorted(found.tables.items()):
+        ledger = ledgers.get(location) or Ledger(location, quarantine.pipeline, storage_options)
+        since, own = flat(found.since.get(route, {})), ledger.positions(partitions)
+        for p, position in sorted(positions.items()):
+            held = _highest(own[p], since.get(p))
+            if position is not None and (held is None or held < position):
+                return route, location, p, held, position
+    return None
+
+
+def routes_changed(pipeline: str, found: RoutesInForce, configured: RoutesInForce, gap: tuple) -> RoutesChanged:
+    """The refusal of ``configured`` routes while a table of the routes in force (``found``) lags
+    (``gap``, lagging's), in one line with the way out."""
+    route, location, p, held, position = gap
+    start_text = f"[{held}, {position})" if held is not None else f"before {position}"
+    return RoutesChanged(
+        f"pipeline {pipeline}: its routes changed since its last run ({found.changes_to(configured)}) while route "
+        f"{route}'s table {location} still lacks topic {p.topic} partition {p.partition} offsets {start_text}: "
+        f"restore the routes of the last run ({found.describe()}) and run until every table holds the quarantine "
+        "table's positions (status shows none behind), then change them",
+        pipeline=pipeline, topic=p.topic, partition=p.partition, start=held, end=position, route=route,
+        table_uri=location)
+
+
+def _entered(found: RoutesInForce | None, table: DataTable, own: Mapping[KafkaPartition, int | None]) -> bool:
+    """Whether ``table``'s route is in force, into this table. Without a record of the routes in
+    force (none yet, or log cleanup removed the commits that had them after a long pause), a table
+    that holds positions is taken for one in force: at worst a route re-added then reads again the
+    records quarantined while it was away, never one left without its records."""
+    if found is None:
+        return any(v is not None for v in own.values())
+    return found.tables.get(table.route) == table_key(table.table_uri)
+
+
+def _settings(format_) -> dict | None:
+    """A format's settings that decide how records decode, without a registry's (its secrets)."""
+    return None if format_ is None else format_.model_dump(mode="json", exclude={"schema_registry"})
 
 
 def _since(found: RoutesInForce, table: DataTable) -> dict[KafkaPartition, int]:

@@ -221,6 +221,7 @@ class _Run:
         routes = tuple(RouteTable(t.tag, t.route, t.table_uri, t.partition_by, dict(held[t.tag]), part.floors(t.tag))
                        for t in self.pipeline.tables if t.route is not None)
         starts = {p: r.start for p, r in left.items()}
+        found = self.ledgers.in_force() if routes else None
         return Part(
             pipeline=self.pipeline.name, run_id=self.run_id, batch_seq=part.batch.seq, until=plan.until,
             table_uri=self.pipeline.sink.table_uri, quarantine_uri=self.pipeline.sink.quarantine_uri,
@@ -236,7 +237,8 @@ class _Run:
             may_filter=self.pipeline.transform is not None,
             upsert=self._upsert(),
             routes=routes,
-            routes_in_force=self.ledgers.routes_record(plan.bounds, starts) if routes else None,
+            routes_before=found,
+            routes_in_force=self.ledgers.routes_record(plan.bounds, starts, found) if routes else None,
         )
 
     def _upsert(self) -> UpsertSpec | None:
