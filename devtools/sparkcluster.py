@@ -1,8 +1,10 @@
-"""A local Spark standalone cluster (one master, one worker) from the pip-installed PySpark, for local
-runs and the tests: started and stopped by whoever calls ``start_spark_cluster``.
+"""A local Spark standalone cluster (one master, one or more workers) from the pip-installed PySpark,
+for local runs, the tests and the cluster benchmarks: started and stopped by whoever calls
+``start_spark_cluster``.
 
-Executors are separate JVMs with their own Python workers: what a job imports travels with it
-(oncemore's package zip) or is installed where they run (here, the same virtualenv).
+Executors are separate JVMs with their own Python workers (one executor per worker for each
+application): what a job imports travels with it (oncemore's package zip) or is installed where
+they run (here, the same virtualenv).
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ class SparkCluster:
     def __init__(self, master_url: str, processes: list[subprocess.Popen], log_dir: str):
         self.master_url, self.processes, self.log_dir = master_url, processes, log_dir
 
+    @property
+    def workers(self) -> list[subprocess.Popen]:
+        """The workers' processes (an application's executors are their children)."""
+        return self.processes[1:]
+
     def stop(self) -> None:
-        for process in reversed(self.processes):  # the worker first, so the master sees it leave
+        for process in reversed(self.processes):  # the workers first, so the master sees them leave
             stop_process(process, grace_seconds=15)
 
 
@@ -33,8 +40,9 @@ def _spark_class() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
 
-def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None = None) -> SparkCluster:
-    """A master on 127.0.0.1 and one worker with ``cores`` and ``memory``, registered before this returns."""
+def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None = None, workers: int = 1) -> SparkCluster:
+    """A master on 127.0.0.1 and ``workers`` workers, each its own process with ``cores`` and
+    ``memory`` (so each runs its own executor JVM), all registered before this returns."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-spark-")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
@@ -48,16 +56,20 @@ def start_spark_cluster(cores: int = 2, memory: str = "2g", log_dir: str | None 
     try:
         wait_listening(master, port, f"Spark master (log: {master_log})", 60)
         url = f"spark://127.0.0.1:{port}"
-        worker_log = Path(log_dir) / "worker.log"
-        worker = subprocess.Popen([_spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                                   "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port())],
-                                  env=env, stdout=worker_log.open("w"), stderr=subprocess.STDOUT)
-        processes.append(worker)
+        logs = []
+        for number in range(workers):
+            worker_log = Path(log_dir) / f"worker-{number}.log"
+            processes.append(subprocess.Popen(
+                [_spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                 "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port())],
+                env=env, stdout=worker_log.open("w"), stderr=subprocess.STDOUT))
+            logs.append(worker_log)
         deadline = time.monotonic() + 60
-        while "Successfully registered with master" not in worker_log.read_text():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Spark worker did not register with {url}; see {worker_log}")
-            time.sleep(0.2)
+        for worker, worker_log in zip(processes[1:], logs, strict=True):
+            while "Successfully registered with master" not in worker_log.read_text():
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Spark worker did not register with {url}; see {worker_log}")
+                time.sleep(0.2)
         return SparkCluster(url, processes, log_dir)
     except BaseException:
         SparkCluster("", processes, log_dir).stop()
