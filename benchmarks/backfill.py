@@ -80,11 +80,11 @@ def produce_all(bootstrap_servers: str, records: int, partitions: int) -> None:
         sys.exit(f"producing the records failed (exit codes {[producer.exitcode for producer in producers]})")
 
 
-@dataclass
-class ExecutorPeak:
-    jvm: int = 0
-    python_sum: int = 0
-    python_max: int = 0
+@dataclass(frozen=True)
+class ExecutorSample:
+    at: float  # time.time()
+    jvm: int  # bytes
+    python: tuple[int, ...]  # each Python worker's bytes
 
 
 def rss(process: psutil.Process, python_only: bool = False) -> int:
@@ -97,16 +97,17 @@ def rss(process: psutil.Process, python_only: bool = False) -> int:
         return 0
 
 
-class PeakMemory(threading.Thread):
-    """Samples every 0.2 s the RSS of the driver (this process and its JVM's process tree), kept with
-    the time of each sample, and of each executor: its JVM (a child of a worker process) and its
-    Python workers (the JVM's Python descendants), kept as peaks by (worker, executor pid)."""
+class MemorySamples(threading.Thread):
+    """Samples every 0.2 s the RSS of the driver (this process and its JVM's process tree) and of
+    each executor: its JVM (a child of a worker process) and its Python workers (the JVM's Python
+    descendants), by (worker, executor ID, pid). Each sample keeps its time, so a peak can be
+    taken over any stretch of the run (a batch)."""
 
     def __init__(self, driver_jvm_pid: int, workers: list[int]):
         super().__init__(daemon=True)
         self.driver_jvm, self.workers = psutil.Process(driver_jvm_pid), [psutil.Process(w) for w in workers]
         self.driver: list[tuple[float, int]] = []  # (time.time(), bytes)
-        self.executors: dict[tuple[int, str, int], ExecutorPeak] = {}  # by (worker, executor ID, pid)
+        self.executors: dict[tuple[int, str, int], list[ExecutorSample]] = {}
         self.running = True
 
     def run(self) -> None:
@@ -127,20 +128,27 @@ class PeakMemory(threading.Thread):
                         command = child.cmdline()
                         if "org.apache.spark.executor.CoarseGrainedExecutorBackend" not in command:
                             continue
-                        jvm, python = rss(child), [rss(p, python_only=True) for p in child.children(recursive=True)]
+                        python = tuple(filter(None, (rss(p, python_only=True) for p in child.children(recursive=True))))
                     except psutil.Error:  # a zombie (a worker may keep one), or a process that ended while looked at
                         continue
                     key = (number, command[command.index("--executor-id") + 1], child.pid)
-                    peak = self.executors.setdefault(key, ExecutorPeak())
-                    peak.jvm = max(peak.jvm, jvm)
-                    peak.python_sum = max(peak.python_sum, sum(python))
-                    peak.python_max = max([peak.python_max] + python)
+                    self.executors.setdefault(key, []).append(ExecutorSample(time.time(), rss(child), python))
             time.sleep(0.2)
 
     def driver_peak(self, after: float = 0.0, until: float = float("inf")) -> int:
-        return max((rss for t, rss in self.driver if after <= t <= until), default=0)
+        return max((size for at, size in self.driver if after <= at <= until), default=0)
 
-    def __enter__(self) -> "PeakMemory":
+    def executor_peaks(self, key, after: float = 0.0, until: float = float("inf")) -> tuple[int, int, int]:
+        """The executor's peaks between the two times: its JVM, its Python workers summed, the largest one."""
+        samples = [s for s in self.executors[key] if after <= s.at <= until]
+        return (max((s.jvm for s in samples), default=0), max((sum(s.python) for s in samples), default=0),
+                max((max(s.python, default=0) for s in samples), default=0))
+
+    def python_worker_peak(self, after: float, until: float) -> int:
+        """The largest Python worker of any executor between the two times."""
+        return max((self.executor_peaks(key, after, until)[2] for key in self.executors), default=0)
+
+    def __enter__(self) -> "MemorySamples":
         self.start()
         return self
 
@@ -232,7 +240,7 @@ def main() -> None:
                       f"{cluster.master_url} in {time.perf_counter() - began:.1f}s (not counted below)", flush=True)
                 from pyspark import SparkContext
 
-                with PeakMemory(SparkContext._gateway.proc.pid, [w.pid for w in cluster.workers]) as memory:
+                with MemorySamples(SparkContext._gateway.proc.pid, [w.pid for w in cluster.workers]) as memory:
                     run_started_at, began = time.time(), time.perf_counter()
                     report = runner.run(pipeline, spark_factory=lambda: spark)
                     seconds = time.perf_counter() - began
@@ -259,19 +267,23 @@ def main() -> None:
                 print(f"  batch {seq}: {records:,} records, {at - landed:.1f}s to its commit: Spark job "
                       f"{ms['spark_job']:.1f}s (tasks' read {ms['read']:.1f}s, decode {ms['decode']:.1f}s, write "
                       f"{ms['write']:.1f}s, summed over both executors; read {1000 * ms['read'] / ranges:.1f} ms a range "
-                      f"of {ranges:,})", flush=True)
+                      f"of {ranges:,}); peak RSS: driver {memory.driver_peak(landed, at) / MIB:,.0f} MiB, largest "
+                      f"Python worker {memory.python_worker_peak(landed, at) / MIB:,.0f} MiB", flush=True)
                 landed = at
-            for (worker, executor, pid), peak in sorted(memory.executors.items()):
-                done = tasks.get(executor, {})
-                print(f"executor {executor} on worker {worker} (pid {pid}): {done.get('totalTasks', 0)} tasks, "
-                      f"{done.get('totalDuration', 0) / 1000:.0f}s task time (GC {done.get('totalGCTime', 0) / 1000:.1f}s); "
-                      f"JVM peak {peak.jvm / MIB:,.0f} MiB; Python workers peak {peak.python_sum / MIB:,.0f} MiB in all, "
-                      f"{peak.python_max / MIB:,.0f} MiB the largest")
             first_end, last_end = batches[0][2], batches[-1][2]
             last_start = batches[-2][2] if len(batches) > 1 else run_started_at
+            for key in sorted(memory.executors):
+                (worker, executor, pid), done = key, tasks.get(key[1], {})
+                print(f"executor {executor} on worker {worker} (pid {pid}): {done.get('totalTasks', 0)} tasks, "
+                      f"{done.get('totalDuration', 0) / 1000:.0f}s task time (GC {done.get('totalGCTime', 0) / 1000:.1f}s); "
+                      "peak RSS of its JVM, its Python workers in all and the largest of them:")
+                for label, after, until in (("the first batch", 0.0, first_end), ("the last batch", last_start, last_end),
+                                            ("the run", 0.0, last_end)):
+                    jvm, python_sum, python_max = memory.executor_peaks(key, after, until)
+                    print(f"  during {label}: {jvm / MIB:,.0f} MiB, {python_sum / MIB:,.0f} MiB, {python_max / MIB:,.0f} MiB")
             print(f"driver (this process + its JVM) peak: {memory.driver_peak(until=first_end) / MIB:,.0f} MiB during "
                   f"the first batch, {memory.driver_peak(last_start, last_end) / MIB:,.0f} MiB during the last, "
-                  f"{memory.driver_peak() / MIB:,.0f} MiB over the run (and its no-op rerun)")
+                  f"{memory.driver_peak(until=last_end) / MIB:,.0f} MiB over the run")
             print(f"no-op rerun, warm, in process: {noop_seconds:.2f}s (plan {rerun.profile.get('plan', 0) / 1000:.2f}s) at "
                   f"{args.partitions:,} partitions", flush=True)
 
