@@ -116,6 +116,28 @@ def test_a_run_killed_at_each_step_ends_exact_on_a_rerun_and_on_two_racing_rerun
     assert commit_counts(racing) == (2, 2)
 
 
+def test_a_rerun_under_another_format_than_the_crashed_part_judged_its_records_by_is_refused(
+        broker, topic, make_pipeline, spark):
+    from oncemore.core.errors import JudgingChanged
+
+    produced = produced_coordinates(topic, broker.produce(topic, broken_orders(300)))
+    pipeline = make_pipeline(topic, name="judged", limits={"max_records_per_commit": 150})
+    crashed(pipeline, "quarantine_committed", (0, 1))
+    # The part's malformed records are in the quarantine table, its others wait for the main commit:
+    # a stricter schema would refuse them below the quarantine table's floor (lost), a looser one
+    # take the quarantined ones as rows (twice).
+    stricter = make_pipeline(topic, name="judged", limits={"max_records_per_commit": 150},
+                             format={"type": "json", "schema": "id BIGINT, customer STRING, amount BIGINT"})
+    with pytest.raises(JudgingChanged) as refused:
+        runner.run(stricter, spark_factory=lambda: spark)
+    line = str(refused.value)
+    assert "\n" not in line and f"topic {topic} partition 0 offsets [0, 50) were judged" in line, line
+    assert "restore them and run once" in line, line
+    restored = make_pipeline(topic, name="judged", limits={"max_records_per_commit": 150})
+    assert runner.run(restored, spark_factory=lambda: spark).status == "committed"
+    assert_exact(restored, produced, spark)
+
+
 @pytest.mark.parametrize("step", ["compacted", "checkpointed"])
 def test_maintenance_killed_at_each_step_ends_exact_on_a_rerun_and_on_two_racing_reruns(
         step, broker, topic, make_pipeline, spark):

@@ -83,6 +83,7 @@ class Part:
     routes: tuple[RouteTable, ...] = ()  # a routed pipeline's tables (routed.py), in the pipeline's order
     routes_before: RoutesInForce | None = None  # the routes in force when it was planned (plan/tables.py)
     routes_in_force: RoutesInForce | None = None  # what its quarantine commit records
+    judging: str | None = None  # without routes: what its commits record as judging its records (plan/tables.py)
 
     @property
     def changes_uri(self) -> str:
@@ -237,7 +238,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
         duration_ms=int(time.time() * 1000) - part.started_ms,
         profile={**{p: part.profile[p] for p in RUN_PHASES if p in part.profile}, **watch.ms()},
         hours=hours.merged(*(r.hours for r in kept), written.hours),
-        quarantine_accepted=over_limit,
+        quarantine_accepted=over_limit, judging=part.judging,
     )
     if over_limit:
         log.warning("pipeline %s: batch %d quarantined %d of its %d records, over the quarantine limit; committed "

@@ -45,6 +45,12 @@ class BoundStalled(PlanError):
     """A timestamp bound cannot move past a record stamped after it while older records wait behind it."""
 
 
+class JudgingChanged(PlanError):
+    """What decides a table's rows from the quarantined records (its format, the key's, the
+    transform, expectations, partition columns, upsert) changed while a part's quarantine commit
+    landed and its main commit did not: the rerun would judge those records again."""
+
+
 class RoutesChanged(PlanError):
     """A routed pipeline's routes differ from the ones its last run committed under while a table of
     those is behind: its records would be routed again by the new routes."""

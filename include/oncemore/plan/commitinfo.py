@@ -21,7 +21,8 @@ commit is in, and ``records.unrouted``, in a routed pipeline's quarantine table,
 took that the pipeline skips. Each of a routed pipeline's tables records its own range and what of
 it is its own: a route table's commit its ``written`` rows, the quarantine table's its
 ``quarantined`` rows and the ``unrouted`` records skipped; the quarantine table's commits record
-the ``routes`` they were made under (RoutesInForce, plan/tables.py).
+the ``routes`` they were made under (RoutesInForce, plan/tables.py); without routes, ``judging``: a
+fingerprint of the settings that judged which records are rows and which are quarantined.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class CommitInfo:
     resequence: Mapping[str, str] | None = None  # {"from": expression, "to": expression}; "": none
     route: str | None = None  # a routed pipeline's route table: the route (the value of routes.by)
     routes: RoutesInForce | None = None  # a routed pipeline's quarantine table: the routes it committed under
+    judging: str | None = None  # without routes: what judged rows from quarantined records (plan/tables.judging)
     format_version: int = FORMAT_VERSION
     oncemore_version: str = __version__
 

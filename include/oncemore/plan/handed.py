@@ -5,7 +5,8 @@ one it was planned on.
 Invariant: a handed plan whose topic was recreated meanwhile (its offsets restarted) is refused
 with TopicChanged, and one whose table has lost its positions since (they expired) with
 PositionsMissing (continuity.check_positions_held), and a routed pipeline's whose routes changed
-while a table is behind with RoutesChanged (tables.Ledgers.check_routes): nothing is read.
+while a table is behind with RoutesChanged (tables.Ledgers.check_routes), and one whose records a
+crashed part judged under other settings with JudgingChanged (check_judging): nothing is read.
 """
 
 from __future__ import annotations
@@ -54,4 +55,6 @@ def check_plan(pipeline: Pipeline, plan: Plan, ledgers: Ledgers) -> Plan:
         check_positions_held(pipeline, ledger, table, ledger.positions(plan.positions, table))
     if ledgers.routed:
         ledgers.check_routes(plan.positions)
+    else:
+        ledgers.check_judging(plan.positions)
     return plan

@@ -35,7 +35,7 @@ from oncemore.config.model import Pipeline
 from oncemore.config.routes import DataTable
 from oncemore.core.columns import QUARANTINE_TAG
 from oncemore.core.coordinates import KafkaPartition, flat, nested
-from oncemore.core.errors import RoutesChanged
+from oncemore.core.errors import JudgingChanged, RoutesChanged
 from oncemore.core.storage import table_key
 from oncemore.plan.commitinfo import RoutesInForce
 from oncemore.plan.continuity import check_continuity
@@ -99,6 +99,8 @@ class Ledgers:
             check_continuity(self.pipeline, ledger, table, held[tag], identities, log)
         if self.routed:
             self.check_routes(log)
+        else:
+            self.check_judging(log)
         return start(self.effective(held), log)
 
     def in_force(self) -> RoutesInForce | None:
@@ -108,11 +110,32 @@ class Ledgers:
 
     def configured(self) -> RoutesInForce:
         """The pipeline file's routes, as a commit records them."""
-        routes, key = self.pipeline.routes, self.pipeline.key
-        decoding = {t.route: f"{fingerprint(json.dumps([_settings(t.format), _settings(key)], sort_keys=True)):x}"
-                    for t, _ in self.data.values()}
+        routes = self.pipeline.routes
         return RoutesInForce(routes.by, routes.unrouted, {t.route: table_key(t.table_uri) for t, _ in self.data.values()},
-                             decoding)
+                             {t.route: judging(self.pipeline, t) for t, _ in self.data.values()})
+
+    def check_judging(self, partitions: Iterable[KafkaPartition]) -> None:
+        """JudgingChanged when, without routes, a part's quarantine commit landed and its main commit
+        did not (the quarantine table ahead of the main table) under other settings than the
+        pipeline's (``judging``): the rerun would take as rows records it quarantined, or lose the
+        ones it now refuses below the quarantine table's floor."""
+        partitions = list(partitions)
+        main, quarantine = self.main.positions(partitions), self.quarantine.positions(partitions)
+        ahead = {p: (main[p], q) for p, q in quarantine.items() if q is not None and (main[p] is None or main[p] < q)}
+        table = self.quarantine.snapshot() if ahead else None
+        entry = self.quarantine.newest_batch(table) if table is not None else None
+        now = judging(self.pipeline, self.pipeline.main)
+        if entry is not None and entry.record.judging not in (None, now):
+            p, (held, position) = min(ahead.items())
+            if held is None:  # the table's first part: it began where the quarantine commit's range does
+                held = entry.record.partition_ranges().get(p, (0, position))[0]
+            raise JudgingChanged(
+                f"pipeline {self.pipeline.name}: topic {p.topic} partition {p.partition} offsets [{held}, {position}) "
+                f"were judged into rows and quarantined records by a run that committed the quarantine table's part "
+                f"(version {entry.version}) and died before the main table's, and the format, key, transform, "
+                "expectations, partition columns or upsert block changed since: restore them and run once, then "
+                "change them", pipeline=self.pipeline.name, topic=p.topic, partition=p.partition, start=held,
+                end=position, version=entry.version)
 
     def effective(self, held: Held, found: RoutesInForce | None = None) -> dict[str, dict[KafkaPartition, int | None]]:
         """Per table (tag) of ``held`` (the tables' own positions), the position its share of the
@@ -220,9 +243,21 @@ def _entered(found: RoutesInForce | None, table: DataTable, own: Mapping[KafkaPa
     return found.tables.get(table.route) == table_key(table.table_uri)
 
 
-def _settings(format_) -> dict | None:
-    """A format's settings that decide how records decode, without a registry's (its secrets)."""
-    return None if format_ is None else format_.model_dump(mode="json", exclude={"schema_registry"})
+def judging(pipeline: Pipeline, table: DataTable) -> str:
+    """A fingerprint of the settings that judge which of ``table``'s records are rows and which are
+    quarantined: its format and partition columns, the key's format, the transform, expectations
+    and upsert block (never a registry's settings: its secrets)."""
+    transform = pipeline.transform
+    settings = [_settings(table.format, {"schema_registry"}), _settings(pipeline.key, {"schema_registry"}),
+                list(table.partition_by), transform if transform is None or isinstance(transform, str) else _settings(transform),
+                [_settings(e) for e in pipeline.expectations], _settings(pipeline.upsert)]
+    return f"{fingerprint(json.dumps(settings, sort_keys=True)):x}"
+
+
+def _settings(model, exclude: set[str] | None = None) -> dict | None:
+    """``model``'s settings as set (a default left out: a later version's new setting, at its
+    default, judges as before)."""
+    return None if model is None else model.model_dump(mode="json", exclude=exclude, exclude_defaults=True)
 
 
 def _since(found: RoutesInForce, table: DataTable) -> dict[KafkaPartition, int]:

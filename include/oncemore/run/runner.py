@@ -46,7 +46,7 @@ from oncemore.decode.resolve import ReaderBehind
 from oncemore.plan.handed import check_plan
 from oncemore.plan.parts import PartPlan, next_part
 from oncemore.plan.planner import LATEST, Batch, Plan, describe, group_tasks, plan_run, split_tasks
-from oncemore.plan.tables import Ledgers
+from oncemore.plan.tables import Ledgers, judging
 from oncemore.run.jobs import ingest_job, shaped_job
 from oncemore.run.prepare import Prepared, follow_writer, prepare
 from oncemore.run.progress import Progress
@@ -239,6 +239,7 @@ class _Run:
             routes=routes,
             routes_before=found,
             routes_in_force=self.ledgers.routes_record(plan.bounds, starts, found) if routes else None,
+            judging=None if routes else judging(self.pipeline, self.pipeline.main),
         )
 
     def _upsert(self) -> UpsertSpec | None:
