@@ -170,7 +170,7 @@ def test_a_record_still_ahead_of_the_reader_changed_for_it_fails_the_run_naming_
     values += avro_values(client, topic, NOTE_V2, [{"id": 1, "channel": "web"}], subject=f"{topic}-value-next")
     broker.produce(topic, [(1, None, v, None) for v in values])
     pipeline = make_pipeline(topic, format={"type": "avro", "schema_registry": registry.settings()})
-    monkeypatch.setattr(prepare, "follow", lambda pipeline, spec, role, schema_id: spec)  # a reader that never covers it
+    monkeypatch.setattr(prepare, "follow", lambda pipeline, spec, role, schema_id, table: spec)  # a reader that never covers it
 
     with pytest.raises(ReaderBehind) as stuck:
         runner.run(pipeline, spark_factory=lambda: spark)
