@@ -42,3 +42,36 @@ def test_a_file_dictionary_encodes_the_columns_whose_values_repeat_and_every_nes
         "address.city": True, "address.zip": True, "lines.list.element.sku": True,
         "attributes.key_value.key": True, "attributes.key_value.value": True, "tags.list.element": True,
     }
+
+
+def test_timestamp_partition_values_commit_and_read_back_in_utc(tmp_path):
+    """delta-rs refuses a timestamp partition value in the ISO form ('T'); the protocol's form,
+    in UTC for a zoned column, commits and reads back as written."""
+    import datetime as dt
+    import json
+    import time
+
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    oslo = dt.timezone(dt.timedelta(hours=1))
+    for kind, value, expected in (
+        (pa.timestamp("us"), dt.datetime(2024, 1, 2, 3, 4, 5, 6), dt.datetime(2024, 1, 2, 3, 4, 5, 6)),
+        (pa.timestamp("us", "UTC"), dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=oslo),
+         dt.datetime(2024, 1, 2, 2, 4, 5, tzinfo=dt.timezone.utc)),
+    ):
+        uri = str(tmp_path / str(kind).replace(" ", "").replace(",", "_"))
+        schema = pa.schema([pa.field("at", kind), pa.field("v", pa.string()),
+                            pa.field("_kafka_topic", pa.string()), pa.field("_kafka_partition", pa.int32()),
+                            pa.field("_kafka_offset", pa.int64())])
+        DeltaTable.create(uri, schema, partition_by=["at"])
+        writer = TableWriter("main", uri, schema, ("at",))
+        writer.write(pa.table({"at": pa.array([value], kind), "v": ["a"], "_kafka_topic": ["t"], "_kafka_partition": pa.array([0], pa.int32()),
+                               "_kafka_offset": pa.array([0], pa.int64())}))
+        files = writer.close()
+        table = DeltaTable(uri)
+        table.create_write_transaction([AddAction(f.path, f.size, json.loads(f.partition_values), int(time.time() * 1000),
+                                                  True, f.stats) for f in files], mode="append", schema=table.schema(),
+                                       partition_by=["at"])
+        [row] = DeltaTable(uri).to_pyarrow_table(columns=["at", "v"]).to_pylist()
+        assert row["v"] == "a" and row["at"] == expected, (kind, row)

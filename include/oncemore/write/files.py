@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime, timezone
 from typing import Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -130,6 +130,12 @@ def partition_value_text(value) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, datetime):
+        # The protocol's timestamp form, in UTC when the value has a zone: delta-rs refuses the
+        # ISO form's 'T' in a partition value.
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
     if isinstance(value, date):
         return value.isoformat()
     return str(value)
