@@ -9,7 +9,16 @@ from confluent_kafka import Consumer
 from conftest import allow_any_timestamp, by_partition, keyed, orders
 from oncemore.kafka import batches as records_module
 from oncemore.kafka.batches import READ_SCHEMA, RangeRecords
-from oncemore.kafka.clients import KafkaReadError, admin_client, consumer_config, log_bounds, range_consumer
+from oncemore.kafka.clients import (
+    FETCH_SIZES,
+    FittedConsumer,
+    KafkaReadError,
+    admin_client,
+    consumer_config,
+    fetch_size,
+    log_bounds,
+    range_consumer,
+)
 from oncemore.run.kafkasource import KafkaRangeDataSource, KafkaRangeReader, offsets_option
 
 
@@ -32,6 +41,45 @@ def test_one_consumer_reads_range_after_range_exactly(broker, topic, make_pipeli
             offsets = read(pipeline, partition, start, end, consumer=consumer).column("offset").to_pylist()
             partitions = set(read(pipeline, partition, start, end, consumer=consumer).column("partition").to_pylist())
             assert offsets == list(range(start, end)) and partitions == {partition}
+
+
+def test_fetch_sizes_follow_a_ranges_bytes_between_64_kib_and_1_mib():
+    assert fetch_size(1_000, None) == 1 << 20  # the record size unknown: librdkafka's default
+    assert fetch_size(1_000, 203) == fetch_size(20_000, 203) == 64 << 10  # 4 MB: 16 fetches of 254 KB
+    assert fetch_size(21_000, 203) == 256 << 10
+    assert fetch_size(250_000, 203) == fetch_size(10_000_000, 203) == 1 << 20
+    assert fetch_size(1, 50) == 64 << 10
+
+
+def test_a_tasks_consumer_fits_its_fetches_to_each_range_and_reads_each_exactly(broker, topic, make_pipeline):
+    broker.produce(topic, [(0, None, b"%07d" % i + b"x" * 993, None) for i in range(6_000)])  # 1,000 B each
+    pipeline = make_pipeline(topic)
+    with FittedConsumer(consumer_config(pipeline), pipeline.name) as consumers:
+        made = []
+        # Unknown sizes, then 100 KB, 5 MB and 10 KB ranges: 1 MiB, 64 KiB, 256 KiB, 64 KiB fetches.
+        for start, end, size in [(0, 10, 1 << 20), (10, 110, 64 << 10), (110, 5_110, 256 << 10), (5_110, 5_120, 64 << 10)]:
+            consumer = consumers.for_range(end - start)
+            assert consumers.size == size
+            made.append(consumer)
+            table = read(pipeline, 0, start, end, consumer=consumer)
+            assert table.column("offset").to_pylist() == list(range(start, end))
+            consumers.read(end - start, sum(map(len, table.column("value").to_pylist())))
+        assert len({id(c) for c in made}) == 4  # a consumer per fetch size
+        assert consumers.for_range(100) is made[-1]  # the same size: the same consumer
+
+
+@pytest.mark.parametrize("key", ["max.partition.fetch.bytes", "fetch.message.max.bytes"])
+def test_a_fetch_size_the_user_set_is_kept_for_every_range(broker, topic, make_pipeline, key):
+    broker.produce(topic, orders(0, 300, partitions=1))
+    pipeline = make_pipeline(topic, source={"kafka_options": {key: "100000"}})
+    config = consumer_config(pipeline)
+    assert config[key] == "100000" and FETCH_SIZES[-1] != 100000
+    with FittedConsumer(config, pipeline.name) as consumers:
+        first = consumers.for_range(10)
+        assert read(pipeline, 0, 0, 10, consumer=first).num_rows == 10
+        consumers.read(10, 1_000)
+        assert consumers.for_range(290) is first and consumers.size is None  # librdkafka takes the user's
+        assert read(pipeline, 0, 10, 300, consumer=first).column("offset").to_pylist() == list(range(10, 300))
 
 
 def test_reads_exactly_the_range_across_transaction_markers(broker, topic, make_pipeline):

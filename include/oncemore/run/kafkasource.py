@@ -181,14 +181,16 @@ class _TaskReader(_RangeReader):
 
     def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
         from oncemore.kafka.batches import RangeRecords
-        from oncemore.kafka.clients import range_consumer
+        from oncemore.kafka.clients import FittedConsumer
 
         crashpoints.reach("task")
-        with range_consumer(self.kafka_config, self.pipeline) as consumer:
+        with FittedConsumer(self.kafka_config, self.pipeline) as consumers:
             for topic, partition, start, end in task.ranges:
-                yield RangeRecords(consumer, topic, partition, start, end, self.stall_timeout,
-                                   f"pipeline {self.pipeline}: {topic}/{partition}", self.max_bytes,
-                                   headers=self.spec.reads_headers)
+                records = RangeRecords(consumers.for_range(end - start), topic, partition, start, end,
+                                       self.stall_timeout, f"pipeline {self.pipeline}: {topic}/{partition}",
+                                       self.max_bytes, headers=self.spec.reads_headers)
+                yield records
+                consumers.read(records.reached - start, records.bytes_read)  # read by now: sizes the next fetches
 
 
 class KafkaIngestDataSource(DataSource):
