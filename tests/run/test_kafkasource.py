@@ -9,16 +9,8 @@ from confluent_kafka import Consumer
 from conftest import allow_any_timestamp, by_partition, keyed, orders
 from oncemore.kafka import batches as records_module
 from oncemore.kafka.batches import READ_SCHEMA, RangeRecords
-from oncemore.kafka.clients import (
-    FETCH_SIZES,
-    FittedConsumer,
-    KafkaReadError,
-    admin_client,
-    consumer_config,
-    fetch_size,
-    log_bounds,
-    range_consumer,
-)
+from oncemore.kafka.clients import KafkaReadError, admin_client, consumer_config, log_bounds, range_consumer
+from oncemore.kafka.fitted import FETCH_SIZES, FittedConsumer, fetch_size
 from oncemore.run.kafkasource import KafkaRangeDataSource, KafkaRangeReader, offsets_option
 
 

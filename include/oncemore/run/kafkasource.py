@@ -181,7 +181,7 @@ class _TaskReader(_RangeReader):
 
     def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
         from oncemore.kafka.batches import RangeRecords
-        from oncemore.kafka.clients import FittedConsumer
+        from oncemore.kafka.fitted import FittedConsumer
 
         crashpoints.reach("task")
         with FittedConsumer(self.kafka_config, self.pipeline) as consumers:
