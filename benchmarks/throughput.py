@@ -1,13 +1,15 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
 of the same offsets, in one run, on a local Apache Kafka broker (kafkabroker.start_kafka()).
 
-    scripts/benchmark [--records 1000000] [--partitions 4] [--formats]
+    scripts/benchmark [--records 1000000] [--few N] [--partitions 4] [--formats]
 
-Prints records/s for each, and the ratios of their marginal rates: each is measured on half of
-every partition and on all of it, five times each in one run (the pipeline after a small warm-up
-run), and the second half's records over the extra time of the median runs is the marginal rate,
-so a run's fixed costs (planning, Spark scheduling, the commit) cancel; the range of each turn's
-own ratio is printed beside it. The raw consume is measured as a plain loop (issue 15's
+Prints records/s for each, and the ratios of their marginal rates: each is measured on the first
+``--few`` records (default: half of every partition) and on all of them, five times each in one
+run (the pipeline after a small warm-up run), and the extra records over the extra time of the
+median runs is the marginal rate, so a run's fixed costs (planning, Spark scheduling, the commit)
+cancel; the range of each turn's own ratio is printed beside it. For the pipeline, also where the
+extra time went: per phase of its runs' profiles (core/stopwatch.py: the Spark job's wall clock;
+the tasks' read, decode and write, summed over the tasks; the commit), the median extra. The raw consume is measured as a plain loop (issue 15's
 yardstick) and with Python's garbage collector paused (as oncemore's tasks run). So is a floor:
 the same ranges in two processes, one per core, doing the least that writing them as Parquet
 takes (read as oncemore reads a range, with the collector paused; Arrow's JSON reader and
@@ -171,14 +173,15 @@ def floor_timer(pipeline, pool, work: str, n: int, parts: int, topic: str):
     return timed
 
 
-def half_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
-    """The first half of each partition of a topic of ``n`` records produced round-robin, no transactions."""
-    return {KafkaPartition(topic, p): n // parts // 2 for p in range(parts)}
+def first_ends(topic: str, records: int, parts: int) -> dict[KafkaPartition, int]:
+    """The ends of the first ``records`` of a topic produced round-robin over ``parts`` partitions,
+    no transactions: ``records // parts`` of each partition."""
+    return {KafkaPartition(topic, p): records // parts for p in range(parts)}
 
 
 def warmup_ends(topic: str, n: int, parts: int) -> dict[KafkaPartition, int]:
     """The small first run a timer makes, uncounted: what a process or a session pays once."""
-    return {p: min(1_000, e) for p, e in half_ends(topic, n, parts).items()}
+    return {p: min(1_000, e) for p, e in first_ends(topic, n // 2, parts).items()}
 
 
 @dataclass(frozen=True)
@@ -199,14 +202,14 @@ class Rates:
         return f"{self.marginal / other.marginal:.2f} x ({spread})"
 
 
-def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str, repeats: int = 5) -> dict[str, Rates]:
-    """Per timer, its Rates: ``timed(ends)`` -> (records, seconds) on half of each partition and on
-    all of it. The timers take turns, ``repeats`` times, so a drift in the machine's speed (a shared
-    VM's varied by a third within minutes) reaches them all alike. The marginal rate is the second
-    half's records over the extra time of the median runs, so the fixed costs of a run (planning,
-    scheduling, the commit) cancel, and one slow run does not decide it."""
-    half = half_ends(topic, n, parts)
-    full = {p: n // parts for p in half}
+def marginal(timers: dict[str, Callable], n: int, parts: int, topic: str, few: int, repeats: int = 5) -> dict[str, Rates]:
+    """Per timer, its Rates: ``timed(ends)`` -> (records, seconds) on the first ``few`` of the ``n``
+    records and on all of them. The timers take turns, ``repeats`` times, so a drift in the
+    machine's speed (a shared VM's varied by a third within minutes) reaches them all alike. The
+    marginal rate is the extra records over the extra time of the median runs, so the fixed costs
+    of a run (planning, scheduling, the commit) cancel, and one slow run does not decide it."""
+    half = first_ends(topic, few, parts)
+    full = first_ends(topic, n, parts)
     runs: dict[str, tuple[list, list]] = {name: ([], []) for name in timers}
     for _ in range(repeats):
         for name, timed in timers.items():
@@ -219,8 +222,8 @@ def _rates(name: str, few: list[tuple[int, float]], many: list[tuple[int, float]
     few_records, few_seconds = few[0][0], statistics.median(s for _, s in few)
     many_records, many_seconds = many[0][0], statistics.median(s for _, s in many)
     if many_seconds <= few_seconds:
-        sys.exit(f"{name}: all of the range took no longer than half of it ({many_seconds:.2f}s vs {few_seconds:.2f}s): "
-                 "too few records to measure a rate; use more --records")
+        sys.exit(f"{name}: all of the records took no longer than the first few ({many_seconds:.2f}s vs "
+                 f"{few_seconds:.2f}s): too few records to measure a rate; use more --records")
     return Rates(many_records / many_seconds, (many_records - few_records) / (many_seconds - few_seconds),
                  tuple(m - f for (_, f), (_, m) in zip(few, many, strict=True)))
 
@@ -330,7 +333,7 @@ def formats(broker, spark, work: str, n: int, parts: int, plain_rate: float, pau
             timed, _ = pipeline_timer(
                 lambda size: pipeline_for(broker, topic, f"{work}/{label.split()[0]}-{size}", n, format_, **extra),
                 spark, n, parts, topic)
-            rates = marginal({label: timed}, n, parts, topic)[label]
+            rates = marginal({label: timed}, n, parts, topic, n // 2)[label]
             print(f"  {label}: {rates.whole:,.0f} rec/s whole run, marginal {rates.marginal:,.0f} rec/s = "
                   f"{rates.marginal / plain_rate:.2f} x the plain raw loop, {rates.marginal / paused_rate:.2f} x the paused one",
                   flush=True)
@@ -338,8 +341,10 @@ def formats(broker, spark, work: str, n: int, parts: int, plain_rate: float, pau
         registry.stop()
 
 
-def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) -> tuple[int, float, PeakWorkerMemory]:
-    """Runs ``pipeline`` (up to ``ends``, else to the end) into its fresh table: (records, seconds, memory)."""
+def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) -> tuple[int, float, PeakWorkerMemory,
+                                                                                       dict[str, int]]:
+    """Runs ``pipeline`` (up to ``ends``, else to the end) into its fresh table: (records, seconds,
+    memory, the run's profile in ms per phase)."""
     until = LATEST if ends is None else OffsetBound(kind="offsets", offsets={(p.topic, p.partition): e for p, e in ends.items()})
     memory = PeakWorkerMemory()
     memory.start()
@@ -350,7 +355,23 @@ def timed_run(pipeline, spark, ends: dict[KafkaPartition, int] | None = None) ->
     expected = sum(ends.values()) if ends is not None else None
     if expected is not None and report.written != expected:
         sys.exit(f"expected {expected} records written, got {report.written}")
-    return report.written, seconds, memory
+    return report.written, seconds, memory, report.profile
+
+
+# The phases of a run's profile (core/stopwatch.py) that grow with its records.
+STAGES = (("spark_job", "Spark job (wall)"), ("read", "tasks' Kafka read"), ("decode", "decode"), ("write", "Parquet write"),
+          ("validate", "validate"), ("commit", "commit"))
+
+
+def stage_split(runs: list, records: int) -> str:
+    """Where the pipeline's extra time went: per phase, the median over the turns of the larger
+    run's time less the smaller's (``runs`` alternate: smaller, larger), and per record. The
+    tasks' phases are task time, summed over the tasks that ran side by side."""
+    pairs = list(zip(runs[0::2], runs[1::2], strict=True))
+    extra = {phase: statistics.median(large[3].get(phase, 0) - small[3].get(phase, 0) for small, large in pairs) / 1000
+             for phase, _ in STAGES}
+    return "; ".join(f"{label} {extra[phase]:.2f}s = {extra[phase] * 1e9 / records:,.0f} ns a record"
+                     for phase, label in STAGES)
 
 
 def pipeline_timer(make, spark, n: int, parts: int, topic: str):
@@ -371,11 +392,13 @@ def pipeline_timer(make, spark, n: int, parts: int, topic: str):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--few", type=int, help="the smaller runs' records (default: half of --records)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--formats", action="store_true", help="also the transform path, nested JSON, Avro, Protobuf")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n, parts = args.records, args.partitions
+    few = args.few if args.few is not None else n // 2
     mib = 2**20
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
@@ -393,7 +416,7 @@ def main() -> None:
             session_started = time.perf_counter()
             spark = spark_session("local[2]")
             print(f"SparkSession start: {time.perf_counter() - session_started:.1f}s (not counted below)", flush=True)
-            written, seconds, _ = timed_run(pipeline, spark)
+            written, seconds, _, _ = timed_run(pipeline, spark)
             timed, runs = pipeline_timer(lambda label: pipeline_for(broker, "bench", f"{work}/{label}", n), spark,
                                          n, parts, "bench")
             plain, paused, floor = "raw consume as a plain loop", "raw consume with the collector paused", "floor"
@@ -401,7 +424,9 @@ def main() -> None:
                 rates = marginal({plain: functools.partial(raw_consume, pipeline),
                                   paused: functools.partial(raw_consume, pipeline, collector=False),
                                   floor: floor_timer(pipeline, pool, work, n, parts, "bench"), "pipeline": timed},
-                                 n, parts, "bench")
+                                 n, parts, "bench", few)
+            print(f"marginal rates: {n - few:,} records more than the first {few:,} (each run of the pipeline into a "
+                  "fresh table)")
             for name in (plain, paused):
                 print(f"{name} (confluent-kafka, 1 process): {rates[name].whole:,.0f} rec/s, "
                       f"marginal {rates[name].marginal:,.0f} rec/s")
@@ -410,10 +435,11 @@ def main() -> None:
                   f"{rates[floor].ratio(rates[paused])} the paused raw consume")
             mine = rates["pipeline"]
             # One task reading the whole range: memory must follow the batch size, not the range.
-            _, _, single_memory = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
+            _, _, single_memory, _ = timed_run(pipeline_for(broker, "bench_one", f"{work}/one", n), spark)
             print("oncemore pipeline (Kafka read + JSON parse + Parquet + Delta commit), Spark local[2]:")
             print(f"  first job in a fresh session: {written / seconds:,.0f} rec/s (whole run)")
             print(f"  session warm: {mine.whole:,.0f} rec/s whole run, marginal {mine.marginal:,.0f} rec/s", flush=True)
+            print(f"  the extra {n - few:,} records, per phase: {stage_split(runs, n - few)}", flush=True)
             print(f"  Python worker peak RSS: {runs[-1][2].peak_single / mib:.0f} MiB with {n // parts} records per task, "
                   f"{single_memory.peak_single / mib:.0f} MiB with {n} records in one task "
                   f"({n * avg_size / mib:.0f} MiB of values)", flush=True)
