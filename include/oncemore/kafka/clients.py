@@ -141,9 +141,15 @@ def cluster_metadata(admin: AdminClient, pipeline: Pipeline):
 def consumer_config(pipeline: Pipeline) -> dict[str, str]:
     """Settings for a consumer that reads assigned ranges: no group membership, no commits."""
     return {
-        # Throughput: measured ~2x over librdkafka defaults on 2 cores (PLATFORM.md). The
-        # prefetch queue stays bounded by queued.max.messages.kbytes (64 MiB) whatever the values' size.
-        "queued.min.messages": "500000",
+        # The prefetch queue, what a task's memory grows with: librdkafka fetches ahead until this
+        # many messages (or queued.max.messages.kbytes, 64 MiB of keys and values) are queued, and
+        # each queued message costs a few hundred bytes on top of its own. At 500,000 a range's
+        # reader grew with the range (one process reading 1.25 M records of ~200 B peaked 227 MiB
+        # above its imports, and a Python worker of a 5 M-record run at 600 MiB); at 50,000 it stays
+        # ~55 MiB above them whatever the range, read as fast (docs/performance.md, "Beside the peer").
+        "queued.min.messages": "50000",
+        # Throughput: a full queue pauses fetching for this long (librdkafka's default, 1 s, halved
+        # the rate on 2 cores: PLATFORM.md).
         "fetch.queue.backoff.ms": "10",
         # A range's reader waits for its last records; a fetch the broker parks for the default
         # 500 ms made every small range cost half a second (measured on the test broker; 100 ms: 66 ms).
