@@ -14,7 +14,9 @@ connecting as clients), the median of ``repeats`` turns taken in alternation:
   into new tables, so the fixed costs of a run cancel: (all - half) / (time(all) - time(half));
   and the whole run's rate (all / time(all)), fixed costs included;
 - the rerun with nothing new;
-- the peak memory of the whole process tree (JVMs and Python workers) during a bulk run.
+- the peak memory of the whole process tree (JVMs and Python workers) during a bulk run: summed RSS
+  (a JVM's child between its vfork and its exec shares the JVM's memory and is not counted again),
+  and what the JVMs and the Python processes held at that peak.
 Figures, not verdicts: the ratio is oncemore's time over the peer's (its rate over the peer's for
 rates); below 1 (above, for rates) oncemore is ahead.
 """
@@ -47,27 +49,39 @@ SPARK_SUBMIT = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
 
 
 class Tree(threading.Thread):
-    """The peak summed RSS of a process and its descendants, sampled while it runs."""
+    """The peak summed RSS of a process and its descendants, sampled while it runs, and what each
+    kind of process (JVM, Python) held at that peak."""
 
     def __init__(self, process: subprocess.Popen):
         super().__init__(daemon=True)
-        self.root, self.peak = psutil.Process(process.pid), 0
+        self.root, self.peak, self.parts = psutil.Process(process.pid), 0, {}
         self.start()
 
     def run(self):
         while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
-            total = 0
+            parts: dict[str, list[int]] = {}
             for process in [self.root, *self.root.children(recursive=True)]:
                 try:
-                    total += process.memory_info().rss
+                    exe = os.path.basename(process.exe())
+                    if process.pid != self.root.pid and exe == "java" and process.parent().exe() == process.exe():
+                        # A JVM's child between its vfork and its exec (how a JVM starts a process:
+                        # Python workers, Hadoop's shell commands): it shares the JVM's memory, and
+                        # counting its RSS counted the JVM twice (the peer's 1 M-record peak was 1,657
+                        # MiB so, against ~1,010 MiB of processes).
+                        continue
+                    parts.setdefault("JVM" if exe == "java" else "Python" if exe.startswith("python") else "other",
+                                     []).append(process.memory_info().rss)
                 except psutil.Error:  # ended while looked at
                     pass
-            self.peak = max(self.peak, total)
+            total = sum(map(sum, parts.values()))
+            if total > self.peak:
+                self.peak, self.parts = total, {kind: (sum(rss), len(rss)) for kind, rss in parts.items()}
             time.sleep(0.05)
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """Seconds from start to exit, and the process tree's peak RSS; fails on a non-zero exit."""
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, int, dict[str, tuple[int, int]]]:
+    """Seconds from start to exit, the process tree's peak RSS, and by kind of process (JVM,
+    Python) the RSS and count of processes at that peak; fails on a non-zero exit."""
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tree = Tree(process)
@@ -76,7 +90,7 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, int]:
     tree.join()
     if process.returncode:
         raise RuntimeError(f"{command[:4]} exited {process.returncode}: {(out + err)[-3000:]}")
-    return seconds, tree.peak
+    return seconds, tree.peak, tree.parts
 
 
 class Bench:
@@ -112,7 +126,7 @@ class Bench:
         return [SPARK_SUBMIT, "--master", "local[2]", *sparkjars.submit_arguments({"spark.ui.enabled": "false"}), *job]
 
 
-def turns(repeats: int, runs: dict[str, callable]) -> dict[str, list[tuple[float, int]]]:
+def turns(repeats: int, runs: dict[str, callable]) -> dict[str, list[tuple[float, int, dict]]]:
     """Each of ``runs`` ``repeats`` times, in alternation: a drift of the machine reaches all alike."""
     found = {name: [] for name in runs}
     for _ in range(repeats):
@@ -121,8 +135,8 @@ def turns(repeats: int, runs: dict[str, callable]) -> dict[str, list[tuple[float
     return found
 
 
-def median(samples: list[tuple[float, int]]) -> float:
-    return statistics.median(s for s, _ in samples)
+def median(samples: list[tuple[float, int, dict]]) -> float:
+    return statistics.median(s for s, _, _ in samples)
 
 
 def row(what: str, ours: float, theirs: float, unit: str = "s", higher_is_better: bool = False) -> None:
@@ -190,7 +204,7 @@ def main() -> None:
         server.stop()
         server = None
 
-        memory = {"oncemore": 0, "peer": 0}
+        memory = {"oncemore": (0, {}), "peer": (0, {})}
         for name, fmt in formats.items():
             sizes = {"half": n // 2, "all": n}
             for size, count in sizes.items():
@@ -210,9 +224,13 @@ def main() -> None:
             row(f"whole run of {n:,} records, {what}, fixed costs included", n / median(found["oncemore all"]),
                 n / median(found["peer all"]), "rec/s", higher_is_better=True)
             for tool in memory:
-                memory[tool] = max([memory[tool]] + [peak for _, peak in found[f"{tool} all"]])
-        row(f"peak memory of a bulk run ({n:,} records), process tree", memory["oncemore"] / 2**20,
-            memory["peer"] / 2**20, "MiB")
+                memory[tool] = max([memory[tool]] + [(peak, parts) for _, peak, parts in found[f"{tool} all"]],
+                                   key=lambda m: m[0])
+        row(f"peak memory of a bulk run ({n:,} records), process tree", memory["oncemore"][0] / 2**20,
+            memory["peer"][0] / 2**20, "MiB")
+        for tool, (_, parts) in memory.items():
+            print(f"\n{tool}'s peak: " + ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
+                                                  for kind, (rss, count) in sorted(parts.items())))
     finally:
         if server is not None:
             server.stop()
