@@ -60,7 +60,11 @@ class Tree(threading.Thread):
     def run(self):
         while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
             parts: dict[str, list[int]] = {}
-            for process in [self.root, *self.root.children(recursive=True)]:
+            try:  # the root afresh: psutil keeps the first exe it saw (spark-submit's `env`, before the JVM it becomes)
+                processes = [psutil.Process(self.root.pid), *self.root.children(recursive=True)]
+            except psutil.Error:  # ended meanwhile
+                break
+            for process in processes:
                 try:
                     exe = os.path.basename(process.exe())
                     if process.pid != self.root.pid and exe == "java" and process.parent().exe() == process.exe():
