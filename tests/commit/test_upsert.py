@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from conftest import oncemore, oncemore_commits, query
+from conftest import held_positions, oncemore, oncemore_commits, query
 from devtools.changefeed import debezium_events, fold, produce, project, read_back, source_state, table_state
 from oncemore.commit.merge import COUNTS, KeyInTwoPartitions
 from oncemore.commit.sequencing import SequenceChanged
@@ -22,8 +22,15 @@ ROW = "id BIGINT, name STRING, balance BIGINT"
 COLUMNS = ("id", "name", "balance")
 
 
-def debezium(make_pipeline, topic, sequence_by=None, **overrides):
-    upsert = {"keys": ["id"], "envelope": "debezium", **({"sequence_by": sequence_by} if sequence_by else {})}
+# upsert.merge: the tests of exactly-once run on both paths; "cluster" runs its rewrite as a Spark
+# job on the tests' local session (what differs is that the rewrite is a Spark job, not how many
+# workers run it; scripts/benchmark upsert --cluster runs it on two workers).
+MERGES = ("local", "cluster")
+
+
+def debezium(make_pipeline, topic, sequence_by=None, merge="local", **overrides):
+    upsert = {"keys": ["id"], "envelope": "debezium", "merge": merge,
+              **({"sequence_by": sequence_by} if sequence_by else {})}
     return make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
                          format={"type": "json", "schema": ROW}, upsert=upsert, **overrides)
 
@@ -57,10 +64,11 @@ def accounted(pipeline, gapless: bool = True) -> int:
     return total
 
 
-def test_debezium_in_offset_order_lands_the_source_tables_state(spark, broker, topic, make_pipeline):
+@pytest.mark.parametrize("merge", MERGES)
+def test_debezium_in_offset_order_lands_the_source_tables_state(merge, spark, broker, topic, make_pipeline):
     events = debezium_events(keys=40, changes=300, seed=1)
     produce(broker.bootstrap_servers, topic, events[:200], "key")
-    pipeline = debezium(make_pipeline, topic)
+    pipeline = debezium(make_pipeline, topic, merge=merge)
     run(pipeline, spark_factory=lambda: spark)
     produce(broker.bootstrap_servers, topic, events[200:], "key")
     report = run(pipeline, spark_factory=lambda: spark)
@@ -68,17 +76,24 @@ def test_debezium_in_offset_order_lands_the_source_tables_state(spark, broker, t
     assert project(found, COLUMNS) == source_state(events)
     accounted(pipeline)
     assert report.batches[0].status == "committed"
-    # A MERGE's rows written (delta-rs writes its files, so no bytes): those its events inserted or updated.
+    # A MERGE's rows written (no bytes: delta-rs's MERGE writes its files): those its events inserted or updated.
     (merged,) = [c for c in DeltaTable(pipeline.sink.table_uri).history(1)]
-    metrics = merged["operationMetrics"]
-    assert report.added["main"] == {"rows": metrics["num_target_rows_inserted"] + metrics["num_target_rows_updated"]}
+    (_, record), = oncemore_commits(pipeline.sink.table_uri)[-1:]
+    assert report.added["main"] == {"rows": record.records["inserted"] + record.records["updated"]} != {"rows": 0}
+    if merge == "local":
+        metrics = merged["operationMetrics"]
+        assert report.added["main"] == {"rows": metrics["num_target_rows_inserted"] + metrics["num_target_rows_updated"]}
+    else:  # one commit of the touched files' removes, the new files' adds and the positions
+        assert merged["operation"] == "WRITE" and held_positions(pipeline.sink.table_uri, "accounts", topic) == {
+            p: sum(1 for e in read_back(broker.bootstrap_servers, topic) if e[1] == p) for p in (0, 1, 2)}
     again = run(pipeline, spark_factory=lambda: spark)
     assert all(b.status != "committed" for b in again.batches)
 
 
-def test_late_events_and_recreates_after_deletes_follow_the_sequence(spark, broker, topic, make_pipeline):
+@pytest.mark.parametrize("merge", MERGES)
+def test_late_events_and_recreates_after_deletes_follow_the_sequence(merge, spark, broker, topic, make_pipeline):
     events = debezium_events(keys=30, changes=400, seed=7)
-    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", merge=merge)
     half = len(events) // 2
     produce(broker.bootstrap_servers, topic, events[:half], "shuffled", seed=3)
     run(pipeline, spark_factory=lambda: spark)

@@ -104,11 +104,11 @@ def commit(
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
             partition_by=list(table.metadata().partition_columns) or None,
-            commit_properties=_properties(ledger, table, new_positions, partitions, record),
+            commit_properties=properties(ledger, table, new_positions, partitions, record),
         )
     except CommitFailedError as exc:
-        return _failed(ledger, exc, record, read_version, expected, new_positions)
-    return CommitOutcome("committed", _version_of(ledger, record, read_version))
+        return refused_commit(ledger, exc, record, read_version, expected, new_positions)
+    return CommitOutcome("committed", version_of(ledger, record, read_version))
 
 
 def held(ledger: Ledger, table: DeltaTable, expected: Mapping[KafkaPartition, int | None],
@@ -138,22 +138,22 @@ def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, c
     read_version = table.version()
     merger = table.merge(source, predicate, source_alias="s", target_alias="t", streamed_exec=False,
                          max_spill_size=memory_bytes,
-                         commit_properties=_properties(ledger, table, new_positions, partitions, record))
+                         commit_properties=properties(ledger, table, new_positions, partitions, record))
     try:
         metrics = clauses(merger).execute()
     except CommitFailedError as exc:
-        return _failed(ledger, exc, record, read_version, expected, new_positions), {}
+        return refused_commit(ledger, exc, record, read_version, expected, new_positions), {}
     if not metrics["num_target_files_added"] and not metrics["num_target_files_removed"]:
         return commit(ledger, [], expected, new_positions, partitions, record), metrics
-    return CommitOutcome("committed", _version_of(ledger, record, read_version)), metrics
+    return CommitOutcome("committed", version_of(ledger, record, read_version)), metrics
 
 
-def _properties(ledger: Ledger, table: DeltaTable, new_positions, partitions, record: CommitInfo) -> CommitProperties:
+def properties(ledger: Ledger, table: DeltaTable, new_positions, partitions, record: CommitInfo) -> CommitProperties:
     return CommitProperties(app_transactions=ledger.transactions(new_positions, partitions, table, record),
                             custom_metadata={METADATA_KEY: record.to_json()})
 
 
-def _failed(ledger: Ledger, exc: CommitFailedError, record: CommitInfo, read_version: int, expected,
+def refused_commit(ledger: Ledger, exc: CommitFailedError, record: CommitInfo, read_version: int, expected,
             new_positions) -> CommitOutcome:
     """What a commit delta-rs refused was: ours after all, lost to a run that got there first, or a conflict."""
     latest = ledger.snapshot()
@@ -212,7 +212,7 @@ def commit_positions(ledger: Ledger, positions: Mapping[KafkaPartition, int], re
             f"{ledger.table_uri}: a concurrent commit of pipeline {ledger.pipeline} landed while the reset was "
             f"committing; nothing was committed: run the reset again ({exc})", table_uri=ledger.table_uri,
             attempted=True) from exc
-    return _version_of(ledger, record, read_version)
+    return version_of(ledger, record, read_version)
 
 
 def refused_for_features(ledger: Ledger, exc: CommitFailedError) -> None:
@@ -235,7 +235,7 @@ def check_owner_at_commit(ledger: Ledger, table: DeltaTable, topics: Iterable[st
             )
 
 
-def _version_of(ledger: Ledger, record: CommitInfo, read_version: int) -> int:
+def version_of(ledger: Ledger, record: CommitInfo, read_version: int) -> int:
     """The version our commit got: found by its record among all versions after the one it was
     built on, so commits landing around ours cannot be mistaken for it."""
     version = ledger.find_commit(record, read_version, ledger.snapshot())

@@ -25,14 +25,16 @@ delete's coordinates is that delete, not stale). The main table holds only live 
 refuses a table whose recorded sequence_by is not the part's (sequencing.py).
 
 The events are classified against the snapshot the MERGE runs on; the MERGE applies exactly the
-ones that change a row (none: a commit of the positions alone, committer.merge), and delta-rs's
-counts are checked against the classification.
+ones that change a row (none: a commit of the positions alone, committer.merge), and its counts
+are checked against the classification. ``upsert.merge`` says where it runs: ``local``, delta-rs's
+MERGE in this process; ``cluster``, a copy-on-write of the touched files by the cluster's tasks,
+committed by delta-rs with the positions in one commit (copyonwrite.py). The classification and
+the counts are the same either way.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -40,17 +42,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from oncemore.commit.committer import CommitOutcome, check_committable, held, merge
+from oncemore.commit.committer import CommitOutcome, held, merge
+from oncemore.commit.copyonwrite import ClusterRewrite, commit_rewrite
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.sequencing import check_sequence
+from oncemore.commit.tombstones import MERGE_MEMORY_BYTES, keep_deletes, on_keys
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
     CHANGE_COLUMN,
-    DELETED_AT_FIELD,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
-    TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
 )
@@ -63,8 +65,6 @@ log = logging.getLogger("oncemore")
 
 COUNTS = ("inserted", "updated", "deleted", "noop_deletes", "stale", "superseded", "tombstones")
 ORDER = (TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN)
-# DataFusion's memory for one MERGE before it spills (delta-rs's default pool is unbounded).
-MERGE_MEMORY_BYTES = 1 << 30
 
 
 class KeyInTwoPartitions(OncemoreError):
@@ -84,6 +84,7 @@ class UpsertSpec:
     tombstones_uri: str | None
     placeholder: str | None = None  # upsert.unavailable_value_placeholder: a column value that is not sent
     sequence_by: str | None = None  # the expression, checked against the table's record at each commit
+    merge: str = "local"  # upsert.merge: where the main MERGE runs (module docstring)
 
 
 @dataclass
@@ -287,10 +288,12 @@ def _kept_values(ups: pa.Table, table: DeltaTable, spec: UpsertSpec, unavailable
 
 
 def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
-          partitions, record: CommitInfo, pipeline: str) -> tuple[CommitOutcome, dict[str, int]]:
+          partitions, record: CommitInfo, pipeline: str,
+          cluster: ClusterRewrite | None = None) -> tuple[CommitOutcome, dict[str, int]]:
     """The part's ``changes`` (reduce_changes: before any commit of the part) applied: its
-    tombstones commit (sequence_by), then its main MERGE commit; returns the main outcome and the
-    counts (module docstring)."""
+    tombstones commit (sequence_by), then its main commit, a delta-rs MERGE here or, given
+    ``cluster``, a copy-on-write on it (copyonwrite.py); returns the main outcome and the counts
+    (module docstring)."""
     table = ledger.snapshot()
     if held(ledger, table, expected, new_positions):
         return CommitOutcome("already_committed", None), changes.counts
@@ -317,10 +320,14 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     counts_record = replace(record, records={**record.records, **counts},
                             stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))
     if spec.sequenced and decision.kept.num_rows:
-        _keep_deletes(tombstones, decision.kept, new_positions, partitions, counts_record)
+        keep_deletes(tombstones, decision.kept, new_positions, partitions, counts_record)
         crashpoints.reach("tombstones_committed")
-    outcome, metrics = merge(ledger, table, changing, _on_keys(spec.keys), _main_clauses, expected, new_positions,
-                             partitions, counts_record, MERGE_MEMORY_BYTES)
+    if cluster is None:
+        outcome, metrics = merge(ledger, table, changing, on_keys(spec.keys), _main_clauses, expected, new_positions,
+                                 partitions, counts_record, MERGE_MEMORY_BYTES)
+    else:
+        outcome, metrics = commit_rewrite(ledger, table, changing, spec.keys, cluster, counts, expected, new_positions,
+                                          partitions, counts_record, pipeline)
     if outcome.status == "committed" and metrics:  # none when a retried commit was found to be ours
         found = {"inserted": metrics.get("num_target_rows_inserted"), "updated": metrics.get("num_target_rows_updated"),
                  "deleted": metrics.get("num_target_rows_deleted")}
@@ -329,10 +336,6 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
                                 f"changed {found}, the events said {({k: counts[k] for k in found})}",
                                 version=outcome.version, found=found)
     return outcome, counts
-
-
-def _on_keys(keys: tuple[str, ...]) -> str:
-    return " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
 
 
 def _main_clauses(merger):
@@ -356,43 +359,6 @@ def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: l
             rows = pa.Table.from_batches([batch]).select(wanted).cast(schema)
             found.append(rows.join(probe, list(keys), join_type="inner").select(wanted))
     return pa.concat_tables(found) if found else schema.empty_table()
-
-
-def _keep_deletes(tombstones: Ledger, deletes: pa.Table, new_positions, partitions, record: CommitInfo) -> None:
-    """The deletes MERGEd into the tombstones table (a newer delete replaces an older one of its
-    key; one it holds already changes nothing) with the positions of their partitions, which only
-    ever move forward there. Always MERGEd, whatever the positions say: after a reset rewound the
-    main table, or a maintenance forgot them, the tombstones table may hold positions past deletes
-    it does not hold."""
-    table = tombstones.snapshot()
-    touched = {KafkaPartition(t, p) for t, p in zip(deletes.column(TOPIC_COLUMN).to_pylist(),
-                                                    deletes.column(PARTITION_COLUMN).to_pylist())}
-    current = tombstones.positions(touched, table)
-    moves = {p: max(new_positions[p], current[p] or 0) for p in touched}
-    check_committable(tombstones, table, {p.topic for p in touched})
-    now = pa.array([int(time.time() * 1_000_000)] * deletes.num_rows, pa.int64()).cast(TIMESTAMP)
-    source = deletes.append_column(DELETED_AT_FIELD, now)
-    target = pa.schema(table.schema().to_arrow())
-    schema = pa.schema([target.field(n) for n in source.column_names])
-    source = source.cast(schema)
-    newer = " OR ".join(_newer_sql())
-
-    def clauses(merger):
-        return merger.when_matched_update_all(predicate=newer).when_not_matched_insert_all()
-
-    keys = [n for n in deletes.column_names if n not in (SEQUENCE_COLUMN, *ORDER, TIMESTAMP_COLUMN)]
-    merge(tombstones, table, source, _on_keys(tuple(keys)), clauses, current, moves, partitions, record,
-          MERGE_MEMORY_BYTES)
-
-
-def _newer_sql() -> list[str]:
-    """SQL: s's event comes after t's (the sequence, then the coordinates), as disjuncts."""
-    names = [SEQUENCE_COLUMN, *ORDER]
-    terms = []
-    for i, name in enumerate(names):
-        equal = [f"s.{n} = t.{n}" for n in names[:i]]
-        terms.append(" AND ".join([*equal, f"s.{name} > t.{name}"]))
-    return [f"({t})" for t in terms]
 
 
 __all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]

@@ -31,19 +31,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
+from oncemore.commit.copyonwrite import ClusterRewrite
 from oncemore.commit.inputs import CHANGES_TAG, RangeResult, RouteTable, changes_uri
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
 from oncemore.commit.share import QuarantineLimit, Reason, commonest, describe_records, judge, records_read
 from oncemore.core import crashpoints, hours
-from oncemore.core.columns import (
-    CHANGE_COLUMN,
-    MAIN_TAG,
-    OFFSET_COLUMN,
-    PARTITION_COLUMN,
-    QUARANTINE_SCHEMA,
-    QUARANTINE_TAG,
-    TOPIC_COLUMN,
-)
+from oncemore.core.columns import (CHANGE_COLUMN, MAIN_TAG, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA,
+                                   QUARANTINE_TAG, TOPIC_COLUMN)
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
 from oncemore.core.errors import CommitConflict, InvalidDataFile, QuarantineExceeded
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
@@ -167,11 +161,12 @@ class PartOutcome:
 
 
 def commit_part(part: Part, results: Iterable[RangeResult], written: Written, table_schemas: pa.Schema | Mapping[str, pa.Schema],
-                storage_options: Mapping[str, str] | None = None,
-                ledgers: Mapping[str, Ledger] | None = None) -> PartOutcome:
+                storage_options: Mapping[str, str] | None = None, ledgers: Mapping[str, Ledger] | None = None,
+                cluster: ClusterRewrite | None = None) -> PartOutcome:
     """Validates and commits one part (module docstring). ``table_schemas``: the data tables'
     schemas by tag (one schema: the main table's). ``ledgers``: the tables' ledgers by tag, of a
-    caller that keeps them (their snapshots are then only updated)."""
+    caller that keeps them (their snapshots are then only updated). ``cluster``: an upsert's
+    MERGE on the cluster (``upsert.merge: cluster``, merge.py), given by a caller holding Spark."""
     schemas = table_schemas if isinstance(table_schemas, Mapping) else {MAIN_TAG: table_schemas}
     ledgers = ledgers or {tag: Ledger(uri, part.pipeline, storage_options) for tag, uri in part.tables().items()}
     watch = Stopwatch()
@@ -279,7 +274,7 @@ def commit_part(part: Part, results: Iterable[RangeResult], written: Written, ta
             outcome = _commit(part, main, main_files, {p: part.expected.get(p) for p in read}, new_positions, record)
         else:
             outcome, counts = _merge(part, main, changes, {p: part.expected.get(p) for p in read}, new_positions,
-                                     record, storage_options)
+                                     record, storage_options, cluster)
             records.update(counts)
     if outcome.status == "committed":
         added["main"] = (files_added(main_files) if part.upsert is None else
@@ -378,13 +373,13 @@ def _changes(part: Part, files: list[DataFile], table_schema: pa.Schema,
 
 
 def _merge(part: Part, main: Ledger, changes: Changes, expected, new_positions, record: CommitInfo,
-           storage_options: Mapping[str, str] | None) -> tuple[CommitOutcome, dict[str, int]]:
+           storage_options: Mapping[str, str] | None, cluster: ClusterRewrite | None) -> tuple[CommitOutcome, dict]:
     """The part's changes applied (merge.py): its tombstones commit, then its main MERGE."""
     tombstones = (Ledger(part.upsert.tombstones_uri, part.pipeline, storage_options)
                   if part.upsert.sequenced else None)
     try:
         outcome, counts = apply(main, tombstones, changes, part.upsert, expected, new_positions, part.partitions,
-                                record, part.pipeline)
+                                record, part.pipeline, cluster)
     except CommitConflict as conflict:
         log.warning("pipeline %s: %s; continuing from the new positions", part.pipeline, conflict)
         return CommitOutcome("conflict", None), {}

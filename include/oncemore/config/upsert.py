@@ -60,6 +60,10 @@ class Upsert(BaseModel):
     tombstone_retention_hours: Positive = Field(
         default=168, description="under sequence_by, how long a delete is kept against late events, in the "
                                  "stream's time (oncemore maintain forgets older ones)")
+    merge: Literal["local", "cluster"] = Field(
+        default="local", description="where a batch's MERGE into the table runs: local, delta-rs in the run's "
+                                     "process (small tables); cluster, a copy-on-write of the touched files by "
+                                     "Spark's tasks, committed with the positions in one commit (docs/upserts.md)")
     unavailable_value_placeholder: StrictStr | None = Field(
         default="__debezium_unavailable_value", min_length=1,
         description="the value a change event carries for a column it did not send (Debezium's "

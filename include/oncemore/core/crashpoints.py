@@ -16,6 +16,8 @@ a pipeline's config or on a command line can set it. The steps of a run, in orde
   after the last, the outcome reaching the run).
 - ``tombstones_committed``: there, an upsert part's deletes kept in its tombstones table
   (commit/merge.py), before the main MERGE.
+- ``rewritten``: the run's process, an upsert part whose MERGE runs on the cluster
+  (commit/copyonwrite.py): the touched files rewritten by the cluster's tasks, before the main commit.
 - ``main_committed``: there, the main commit made, before the outcome reaches the run.
 - ``mirrored``: the run's process, a batch's positions mirrored to the consumer group.
 
@@ -46,7 +48,7 @@ FAULTS_ENV = "ONCEMORE_FAULTS"
 GROUP_ENV = "ONCEMORE_FAULTS_GROUP"
 ONCE_ENV = "ONCEMORE_FAULTS_ONCE"
 STEPS = ("planned", "task", "written", "validated", "quarantine_committed", "route_committed", "tombstones_committed",
-         "main_committed", "mirrored", "compacted", "checkpointed")
+         "rewritten", "main_committed", "mirrored", "compacted", "checkpointed")
 
 
 def arm() -> None:

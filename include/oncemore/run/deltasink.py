@@ -10,8 +10,10 @@ An upsert's tasks write change rows instead, to the part's staging area, and qua
 cannot be applied, with their record's bytes (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
 to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
 Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
-with, goes to the staging area for the run. Before committing, ``commit`` leaves a mark there:
-from then on a commit may have landed with these files, so ``abort`` (which Spark calls when a
+with, goes to the staging area for the run. An upsert whose MERGE runs on the cluster
+(``upsert.merge: cluster``) needs a Spark job, which a Python worker cannot start: ``commit``
+then leaves the tasks' messages there and the run commits the part (``commit_left``). Before
+committing, ``commit`` leaves a mark there: from then on a commit may have landed with these files, so ``abort`` (which Spark calls when a
 task or ``commit`` fails) deletes them only while the mark is absent; commit_part deletes the
 files it knows were never committed.
 """
@@ -29,7 +31,8 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from oncemore.commit.committer import delete_files
 from oncemore.commit.inputs import RangeResult
-from oncemore.commit.part import Part, Written, change_schema, commit_part
+from oncemore.commit.copyonwrite import ClusterRewrite
+from oncemore.commit.part import Part, PartOutcome, Written, change_schema, commit_part
 from oncemore.core import hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -54,6 +57,7 @@ from oncemore.write.files import DataFile, TableWriter, conform, unstorable_part
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"
+LEFT_TO_RUN = "left-to-run"  # the tasks' messages, of a part whose commits the run makes
 
 
 class ExpectationFailed(OncemoreError):
@@ -168,18 +172,14 @@ class DeltaSinkWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WrittenFiles | None]) -> None:
         staging = self._staging()
-        results = _one_per_range(RangeResult.from_json(t) for t in staging.get("range-"))
-        written = Written(
-            files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
-            violations=sum((Counter(m.violations) for m in messages if m), Counter()),
-            violations_by_partition={KafkaPartition.parse(k): v for k, v in
-                                     sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
-            write_seconds=sum(m.write_seconds for m in messages if m),
-            hours=hours.merged(*(m.hours or {} for m in messages if m)),
-        )
+        if self.part.upsert is not None and self.part.upsert.merge == "cluster":
+            # Its MERGE is a Spark job, which only the run can start: the run commits (commit_left).
+            staging.put(LEFT_TO_RUN, json.dumps([m.__dict__ for m in messages if m]))
+            return
         staging.put(COMMIT_BEGUN, "{}")
         try:
-            outcome = commit_part(self.part, results, written, self.table_schema, self.storage)
+            outcome = commit_part(self.part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
+                                  _written(messages), self.table_schema, self.storage)
         except Exception as exc:  # handed on as data: raising here would make Spark call abort
             staging.put("failure", error_to_json(exc))
             return
@@ -281,6 +281,26 @@ def _stored(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_list(kind):
         return pa.list_(kind.value_field.with_type(_stored(kind.value_type)))
     return kind
+
+
+def commit_left(part: Part, staging: Staging, table_schema: pa.Schema, storage: dict[str, str],
+                cluster: ClusterRewrite) -> PartOutcome:
+    """The part's commits, made by the run once the sink's ``commit`` left them to it (an upsert
+    whose MERGE runs on the ``cluster``): what the sink would have committed, from the staging area."""
+    messages = [WrittenFiles(**m) for m in json.loads(staging.get(LEFT_TO_RUN)[0])]
+    return commit_part(part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
+                       _written(messages), table_schema, storage, cluster=cluster)
+
+
+def _written(messages: list[WrittenFiles | None]) -> Written:
+    return Written(
+        files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
+        violations=sum((Counter(m.violations) for m in messages if m), Counter()),
+        violations_by_partition={KafkaPartition.parse(k): v for k, v in
+                                 sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
+        write_seconds=sum(m.write_seconds for m in messages if m),
+        hours=hours.merged(*(m.hours or {} for m in messages if m)),
+    )
 
 
 def _one_per_range(results) -> list[RangeResult]:

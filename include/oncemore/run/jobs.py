@@ -5,7 +5,8 @@
   run commits them (commit/part.py).
 - ``shaped_job``: records go through Spark. The ``oncemore_records`` source's DataFrame, shaped by
   the transform and the expectations (transform.py), written by the ``oncemore_delta`` sink, whose
-  driver-side commit makes the part's commits; its outcome comes back through the staging area.
+  driver-side commit makes the part's commits; its outcome comes back through the staging area
+  (an upsert whose MERGE runs on the cluster: the run makes them after the job, rewritejob.py).
 
 A job that fails names the ranges of the task that failed (Spark names the task's index, the
 index of its group of ranges in the reading stage) and the cause, a dead Python worker included.
@@ -69,7 +70,7 @@ def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
 
 def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int, part: Part,
                shape: Callable) -> PartOutcome:
-    from oncemore.run.deltasink import COMMIT_BEGUN, DeltaSinkDataSource
+    from oncemore.run.deltasink import COMMIT_BEGUN, DeltaSinkDataSource, commit_left
     from oncemore.run.kafkasource import KafkaRecordsDataSource
 
     register_source(spark, KafkaRecordsDataSource)
@@ -103,6 +104,11 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
             if not staging.get(COMMIT_BEGUN):  # a task failed, or the commit failed before committing anything
                 raise task_failure(exc, pipeline.name, groups) from exc
             return _outcome(staging, pipeline, part, groups, root_cause(exc))
+        if part.upsert is not None and part.upsert.merge == "cluster":
+            from oncemore.run.rewritejob import cluster_rewrite
+
+            return commit_left(part, staging, spec.table_schema, spec.storage_options,
+                               cluster_rewrite(spark, part, spec.storage_options))
         return _outcome(staging, pipeline, part, groups, None)
     finally:
         staging.remove()

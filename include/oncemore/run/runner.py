@@ -248,7 +248,7 @@ class _Run:
             return None
         keys = tuple(key_columns(self.prepared.table_schema, upsert.keys))
         return UpsertSpec(keys, upsert.sequence_by is not None, self.pipeline.sink.tombstones_uri,
-                          upsert.unavailable_value_placeholder, upsert.sequence_by)
+                          upsert.unavailable_value_placeholder, upsert.sequence_by, upsert.merge)
 
     def _account(self, part: PartPlan, outcome: PartOutcome, report: BatchReport) -> None:
         """The part's outcome in the batch's report, the consumer group and the run's progress."""

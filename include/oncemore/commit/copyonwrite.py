@@ -1,0 +1,183 @@
+"""An upsert part's main commit when its MERGE runs on the cluster (``upsert.merge: cluster``):
+copy-on-write of the files holding a changed key, rewritten by the cluster's tasks, committed by
+delta-rs in ONE commit of their removes, the new files' adds, the txn actions and the record.
+
+The driver keeps what merge.py decided (the change rows: upserts whole, deletes by key, and
+their counts) and only locates the table files that hold their keys, scanning the key columns
+fragment by fragment; each changing key it finds there is an update or a delete, each it does not
+is an insert, and these must be the classification's counts before anything is written. The part
+of the change rows each task needs is staged as Parquet in the part's staging area, so no change
+row travels through Spark. Each task (write/rewrite.py) rewrites its files without the changed
+keys' rows and adds the upserts; the rows must add up (rows read - rows dropped + rows added =
+rows written, and the rows dropped are exactly the keys located in the files) or nothing is
+committed and the new files are deleted. The commit builds on the snapshot the part was
+classified on: a file removed meanwhile (an OPTIMIZE, a racing run) or a racing commit of the same
+positions makes delta-rs refuse it, judged as any refused commit (committer.refused_commit); after an
+attempt the new files are never deleted (vacuum removes those of a commit that did not land).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Mapping
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+
+from oncemore.commit.committer import CommitOutcome, refused_commit, properties, version_of, commit, delete_files
+from oncemore.core import crashpoints
+from oncemore.core.columns import CHANGE_COLUMN, schema_text
+from oncemore.core.errors import OncemoreError
+from oncemore.core.storage import filesystem
+from oncemore.plan.commitinfo import CommitInfo
+from oncemore.plan.ledger import Ledger
+from oncemore.write.files import partition_value_text
+from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile
+
+TASK_BYTES = 256 << 20  # touched files' bytes per task: a task's wall time, not its memory (it streams)
+INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
+
+
+class RewriteMiscount(OncemoreError):
+    """The cluster's rewrite of an upsert part does not add up: nothing was committed."""
+
+
+@dataclass(frozen=True)
+class ClusterRewrite:
+    """How the run rewrites on its cluster: ``run`` executes the tasks (run/rewritejob.py) and
+    returns one result per task; ``staging_uri``: where the part's tasks' change rows are staged
+    (in the part's staging area, removed with it)."""
+
+    run: Callable[[list[RewriteTask]], list[RewriteResult]]
+    staging_uri: str
+    storage_options: Mapping[str, str] | None = None
+
+
+def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], cluster: ClusterRewrite,
+                   counts: Mapping[str, int], expected, new_positions, partitions, record: CommitInfo,
+                   pipeline: str) -> tuple[CommitOutcome, dict]:
+    """The part's ``changing`` rows applied to ``table`` (the snapshot merge.py classified them
+    on) by copy-on-write on the cluster, in one commit with the positions (module docstring);
+    returns the outcome and the MERGE's metrics as delta-rs names them."""
+    where = f"pipeline {pipeline}: {ledger.table_uri} version {table.version()}"
+    touched, owner = locate(table, changing, keys, where)
+    upserts = pc.equal(changing.column(CHANGE_COLUMN), "upsert")
+    held_key = pc.greater_equal(owner, 0)
+    metrics = {"num_target_rows_inserted": pc.sum(pc.and_(upserts, pc.invert(held_key))).as_py() or 0,
+               "num_target_rows_updated": pc.sum(pc.and_(upserts, held_key)).as_py() or 0,
+               "num_target_rows_deleted": pc.sum(pc.and_(pc.invert(upserts), held_key)).as_py() or 0}
+    said = {k: counts[k] for k in ("inserted", "updated", "deleted")}
+    found = {k: metrics[f"num_target_rows_{k}"] for k in said}
+    if found != said:
+        raise RewriteMiscount(f"{where}: the table's files hold keys for {found}, the events said {said}; nothing was "
+                              "committed", found=found, said=said)
+    if not changing.num_rows:
+        return commit(ledger, [], expected, new_positions, partitions, record), {}
+    tasks = _tasks(table, changing, keys, touched, owner, cluster)
+    results = cluster.run(tasks)
+    files = [f for r in results for f in r.files]
+    crashpoints.reach("rewritten")
+    _check(results, tasks, files, ledger, where, cluster)
+    now_ms = int(time.time() * 1000)
+    actions = [RemoveAction(t.path, True, now_ms, t.size, dict(t.partition_values)) for t in touched]
+    actions += [AddAction(f.path, f.size, json.loads(f.partition_values), now_ms, True, f.stats) for f in files]
+    metrics.update(num_target_files_removed=len(touched), num_target_files_added=len(files))
+    read_version = table.version()
+    try:
+        table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                       partition_by=list(table.metadata().partition_columns) or None,
+                                       commit_properties=properties(ledger, table, new_positions, partitions, record))
+    except CommitFailedError as exc:
+        return refused_commit(ledger, exc, record, read_version, expected, new_positions), {}
+    return CommitOutcome("committed", version_of(ledger, record, read_version)), metrics
+
+
+def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: str) -> tuple[list[TouchedFile], pa.Array]:
+    """The table's files holding a key of ``changing``, and per row of ``changing`` the index of
+    the file holding its key (-1: none); a key on two rows of the table is refused."""
+    adds = pa.table(table.get_add_actions(flatten=False))
+    partition_columns = list(table.metadata().partition_columns)
+    by_path = {unquote(p): i for i, p in enumerate(adds.column("path").to_pylist())}
+    probe = changing.select(list(keys)).append_column("_row", pa.array(range(changing.num_rows), pa.int64()))
+    dataset = table.to_pyarrow_dataset()
+    owner = np.full(changing.num_rows, -1, np.int64)
+    touched: list[TouchedFile] = []
+    for fragment in dataset.get_fragments():
+        found = []
+        for batch in fragment.to_batches(schema=dataset.schema, columns=list(keys)):
+            if batch.num_rows:
+                rows = pa.Table.from_batches([batch]).select(list(keys)).cast(probe.select(list(keys)).schema)
+                found.append(rows.join(probe, list(keys), join_type="inner").column("_row"))
+        rows_found = pa.chunked_array(found, pa.int64()).to_numpy() if found else np.empty(0, np.int64)
+        if not len(rows_found):
+            continue
+        add = adds.slice(by_path[unquote(fragment.path)], 1).to_pylist()[0]
+        unique, times = np.unique(rows_found, return_counts=True)
+        twice = [*rows_found[owner[rows_found] != -1].tolist(), *unique[times > 1].tolist()]
+        if twice:
+            raise RewriteMiscount(f"{where}: key {changing.select(list(keys)).slice(twice[0], 1).to_pylist()[0]} is "
+                                  "on two rows of the table; nothing was committed", row=twice[0])
+        owner[rows_found] = len(touched)
+        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
+        touched.append(TouchedFile(add["path"], add["size_bytes"], values, len(rows_found)))
+    return touched, pa.array(owner)
+
+
+def _tasks(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], touched: list[TouchedFile], owner: pa.Array,
+           cluster: ClusterRewrite) -> list[RewriteTask]:
+    """The touched files grouped by bytes into tasks, the inserts spread over them, each task's
+    change rows staged (module docstring)."""
+    groups: list[list[int]] = []
+    size = 0
+    for index, touched_file in enumerate(touched):
+        if not groups or size + touched_file.size > TASK_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(index)
+        size += touched_file.size
+    inserts = pc.indices_nonzero(pc.less(owner, 0))
+    count = max(len(groups), -(-len(inserts) // INSERT_ROWS_PER_TASK))
+    groups += [[] for _ in range(count - len(groups))]
+    fs, root = filesystem(cluster.staging_uri, cluster.storage_options)
+    fs.create_dir(root, recursive=True)
+    schema = pa.schema(table.schema().to_arrow())
+    tasks = []
+    for number, files in enumerate(groups):
+        mine = pc.is_in(owner, pa.array(files, pa.int64()))
+        share = inserts.slice(number * len(inserts) // count, (number + 1) * len(inserts) // count
+                              - number * len(inserts) // count)
+        rows = pa.concat_tables([changing.filter(mine), changing.take(share)])
+        name = f"task-{number}-{uuid.uuid4().hex}.parquet"
+        pq.write_table(rows, f"{root}/{name}", filesystem=fs)
+        tasks.append(RewriteTask(table.table_uri, schema_text(schema), tuple(table.metadata().partition_columns),
+                                 keys, f"{cluster.staging_uri.rstrip('/')}/{name}",
+                                 tuple(touched[i] for i in files)))
+    return tasks
+
+
+def _check(results: list[RewriteResult], tasks: list[RewriteTask], files, ledger: Ledger, where: str,
+           cluster: ClusterRewrite) -> None:
+    """Every task reported, the rows add up and the rows dropped are the keys located in the files;
+    else the new files are deleted (offered to no commit) and nothing is committed."""
+    held = sum(f.keys_held for t in tasks for f in t.files)
+    read, dropped, added = (sum(getattr(r, n) for r in results) for n in ("read", "dropped", "added"))
+    written = sum(f.num_records for f in files)
+    if len(results) != len(tasks) or dropped != held or written != read - dropped + added:
+        delete_files(ledger.table_uri, files, cluster.storage_options)
+        raise RewriteMiscount(
+            f"{where}: the rewrite of {sum(len(t.files) for t in tasks)} files in {len(tasks)} tasks "
+            f"({len(results)} reported) read {read} rows, dropped {dropped} (the changed keys they hold: {held}), "
+            f"added {added} and wrote {written}; nothing was committed", read=read, dropped=dropped, held=held,
+            added=added, written=written)
+
+
+__all__ = ["ClusterRewrite", "RewriteMiscount", "commit_rewrite", "locate"]
