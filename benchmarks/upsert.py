@@ -29,6 +29,14 @@ after, checked: the count expected, no id twice, every id an event touched as th
     scripts/benchmark upsert [--rows 10000000] [--events 1000000] [--partitions 2] [--file-mib 100]
                              [--no-hot] [--no-sequence]
 
+``--cluster`` (issue 37 §4: 10 M change events over a 100 M-row table on two workers, the
+defaults then): on a Spark standalone cluster of two one-core workers
+(devtools/sparkcluster.py), the uniform case twice on two copies of the table (hard links) with
+the same events: ``upsert.merge: local`` (delta-rs's MERGE in the sink's Python worker) and
+``upsert.merge: cluster`` (the touched files rewritten by the executors' tasks, committed by the
+run's process, commit/copyonwrite.py). Beside the figures above, each executor's JVM and Python
+workers' peaks (backfill.py's MemorySamples).
+
 Not a test: figures, not verdicts. Keep the machine otherwise idle; at the defaults its tables
 and broker log take ~2 GB under /tmp, removed at the end.
 """
@@ -57,13 +65,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from benchmarks.backfill import MemorySamples
 from devtools import kafkabroker
 from devtools.changefeed import NAMES, SOURCE
+from devtools.sparkcluster import start_spark_cluster
 from oncemore.commit.inputs import STAGING_DIR
 from oncemore.config.loading import parse_pipeline
 from oncemore.plan.commitinfo import METADATA_KEY
 from oncemore.run import runner
-from oncemore.run.deltasink import COMMIT_BEGUN
+from oncemore.run.deltasink import COMMIT_BEGUN, LEFT_TO_RUN
 from oncemore.run.session import spark_session
 
 MIB = 2**20
@@ -86,9 +96,9 @@ def encoded(document) -> bytes | None:
 # ---------------------------------------------------------------- in child processes (spawn)
 
 
-def write_rows(table_uri: str, rows: int, file_mib: int, hot_uri: str | None) -> tuple[int, int, float]:
+def write_rows(table_uri: str, rows: int, file_mib: int, copy_uri: str | None) -> tuple[int, int, float]:
     """Appends ids 1..``rows`` to the table with delta-rs (one commit), in its schema; the same
-    files hard-linked into ``hot_uri``'s table (one add commit). Returns (files, bytes, seconds)."""
+    files hard-linked into ``copy_uri``'s table (one add commit). Returns (files, bytes, seconds)."""
     import numpy as np
     from deltalake import DeltaTable, write_deltalake
     from deltalake.transaction import AddAction
@@ -124,13 +134,13 @@ def write_rows(table_uri: str, rows: int, file_mib: int, hot_uri: str | None) ->
     adds = [a["add"] for v in range(before + 1, DeltaTable(table_uri).version() + 1)
             for a in map(json.loads, Path(table_uri, "_delta_log", f"{v:020d}.json").read_text().splitlines())
             if "add" in a]
-    if hot_uri is not None:
-        hot = DeltaTable(hot_uri)
+    if copy_uri is not None:
+        copy = DeltaTable(copy_uri)
         for add in adds:
-            os.link(Path(table_uri, add["path"]), Path(hot_uri, add["path"]))
-        hot.create_write_transaction(
+            os.link(Path(table_uri, add["path"]), Path(copy_uri, add["path"]))
+        copy.create_write_transaction(
             [AddAction(a["path"], a["size"], a["partitionValues"], a["modificationTime"], True, a["stats"]) for a in adds],
-            mode="append", schema=hot.schema())
+            mode="append", schema=copy.schema())
     return len(adds), sum(a["size"] for a in adds), time.perf_counter() - started
 
 
@@ -214,15 +224,15 @@ class Peaks(threading.Thread):
     Python descendants (the tasks' workers, the sink's commit) with its CPU time, until the run
     ends; Spark's Python workers but the commit's also summed (proportional set sizes: a forked
     worker shares its parent's pages) until the sink's commit begins (its mark in the staging
-    area, ``staging_glob``).
+    area, or its leaving the commits to the run: ``staging_globs``).
     The commit runs in a worker of PySpark's ``commit_data_source_write`` module: of those, the one
     that used the most CPU in the run."""
 
     COMMIT_MODULE = "commit_data_source_write"
 
-    def __init__(self, jvm_pid: int, staging_glob: str):
+    def __init__(self, jvm_pid: int, staging_globs: list[str]):
         super().__init__(daemon=True)
-        self.jvm_pid, self.staging_glob = jvm_pid, staging_glob
+        self.jvm_pid, self.staging_globs = jvm_pid, staging_globs
         self.running, self.commit_began = True, False
         self.driver = self.jvm = self.workers_reading = self.worker_reading = 0
         self.names: dict[int, str] = {}
@@ -237,7 +247,7 @@ class Peaks(threading.Thread):
         except psutil.Error:
             jvm = None
         while self.running:
-            self.commit_began = self.commit_began or bool(glob.glob(self.staging_glob))
+            self.commit_began = self.commit_began or any(glob.glob(g) for g in self.staging_globs)
             self.driver = max(self.driver, me.memory_info().rss)
             proportional, each = 0, []
             if jvm is not None:
@@ -334,8 +344,9 @@ def table_files(table_uri: str) -> tuple[int, int, int]:
     return adds.num_rows, pc.sum(adds.column("size_bytes")).as_py() or 0, pc.sum(adds.column("num_records")).as_py() or 0
 
 
-def pipeline_for(broker, work: str, case: str, events: int, sequenced: bool):
-    upsert = {"keys": ["id"], "envelope": "debezium", **({"sequence_by": "source.lsn"} if sequenced else {})}
+def pipeline_for(broker, work: str, case: str, events: int, sequenced: bool, merge: str = "local"):
+    upsert = {"keys": ["id"], "envelope": "debezium", "merge": merge,
+              **({"sequence_by": "source.lsn"} if sequenced else {})}
     return parse_pipeline({
         "name": f"accounts_{case}",
         "source": {"bootstrap_servers": broker.bootstrap_servers, "topic": f"accounts_{case}"},
@@ -374,16 +385,17 @@ def seconds(profile: dict, phase: str) -> float:
     return profile.get(phase, 0) / 1000
 
 
-def measure(case: str, pipeline, spark, events: Events) -> dict:
+def measure(case: str, pipeline, spark, events: Events, workers: list[int] | None = None) -> dict:
     """One run of the case's events, its figures printed; the summary's returned."""
     table_uri = pipeline.sink.table_uri
     files_before, bytes_before, _ = table_files(table_uri)
     main_before = latest_version(table_uri)
     tombstones_uri = pipeline.sink.tombstones_uri if pipeline.upsert.sequence_by else None
     tombstones_before = latest_version(tombstones_uri) if tombstones_uri else None
-    staging = f"{pipeline.sink.quarantine_uri}/{STAGING_DIR}/*/{COMMIT_BEGUN}.*.json"
+    staging = [f"{pipeline.sink.quarantine_uri}/{STAGING_DIR}/*/{mark}.*.json" for mark in (COMMIT_BEGUN, LEFT_TO_RUN)]
     driver_hwm_before = _vm_hwm(os.getpid())
-    with Peaks(spark.sparkContext._gateway.proc.pid, staging) as peaks:
+    jvm_pid = spark.sparkContext._gateway.proc.pid
+    with Peaks(jvm_pid, staging) as peaks, MemorySamples(jvm_pid, workers or []) as executors:
         started = time.perf_counter()
         report = runner.run(pipeline, spark_factory=lambda: spark)
         wall = time.perf_counter() - started
@@ -399,7 +411,8 @@ def measure(case: str, pipeline, spark, events: Events) -> dict:
         for name, value in c.record.get("records", {}).items():
             counts[name] = counts.get(name, 0) + value
     profile = report.profile
-    merges = [c for c in main if c.operation == "MERGE"]
+    # delta-rs's MERGE, or (upsert.merge: cluster) the copy-on-write's commit of removes and adds.
+    merges = [c for c in main if c.operation == "MERGE" or c.removes]
     metric = lambda name, commits=merges: sum(int(c.metrics.get(name, 0)) for c in commits)  # noqa: E731
     merge_s = metric("execution_time_ms") / 1000
     tomb_s = metric("execution_time_ms", tombs) / 1000
@@ -409,27 +422,34 @@ def measure(case: str, pipeline, spark, events: Events) -> dict:
           f"change rows staged; task time read {seconds(profile, 'read'):.1f}s, decode "
           f"{seconds(profile, 'decode'):.1f}s, write {seconds(profile, 'write'):.1f}s), validate "
           f"{seconds(profile, 'validate'):.1f}s", flush=True)
-    print(f"    commit {seconds(profile, 'commit'):.1f}s: the main MERGE {merge_s:.1f}s (delta-rs: scan "
-          f"{metric('scan_time_ms') / 1000:.1f}s, rewrite {metric('rewrite_time_ms') / 1000:.1f}s), "
-          + (f"the tombstones MERGE {tomb_s:.1f}s, " if tombstones_uri else "")
-          + f"the rest {seconds(profile, 'commit') - merge_s - tomb_s:.1f}s (change rows read back, reduced per key, "
-          "classified against the table's rows of their ids, positions checked)", flush=True)
+    cluster_merge = pipeline.upsert.merge == "cluster"
+    if cluster_merge:
+        print(f"    commit {seconds(profile, 'commit'):.1f}s in the run's process: the tombstones MERGE {tomb_s:.1f}s; the "
+              "rest: change rows read back, reduced per key, classified, the touched files located, the rewrite job "
+              "on the executors, the one commit of removes, adds and positions", flush=True)
+    else:
+        print(f"    commit {seconds(profile, 'commit'):.1f}s: the main MERGE {merge_s:.1f}s (delta-rs: scan "
+              f"{metric('scan_time_ms') / 1000:.1f}s, rewrite {metric('rewrite_time_ms') / 1000:.1f}s), "
+              + (f"the tombstones MERGE {tomb_s:.1f}s, " if tombstones_uri else "")
+              + f"the rest {seconds(profile, 'commit') - merge_s - tomb_s:.1f}s (change rows read back, reduced per "
+              "key, classified against the table's rows of their ids, positions checked)", flush=True)
     print(f"    plan {seconds(profile, 'plan'):.2f}s, prepare {seconds(profile, 'prepare'):.2f}s; the rest of the wall "
           f"time {wall - sum(seconds(profile, p) for p in ('plan', 'prepare', 'spark_job', 'validate', 'commit')):.1f}s",
           flush=True)
     applied = {k: counts.get(k, 0) for k in ("inserted", "updated", "deleted", "noop_deletes", "stale", "superseded",
                                              "tombstones", "quarantined", "filtered")}
-    print(f"  records: {', '.join(f'{v:,} {k}' for k, v in applied.items())} (commit record); delta-rs: "
-          f"{metric('num_source_rows'):,} source rows, {metric('num_target_rows_inserted'):,} inserted, "
+    print(f"  records: {', '.join(f'{v:,} {k}' for k, v in applied.items())} (commit record)" + ("" if cluster_merge else
+          f"; delta-rs: {metric('num_source_rows'):,} source rows, {metric('num_target_rows_inserted'):,} inserted, "
           f"{metric('num_target_rows_updated'):,} updated, {metric('num_target_rows_deleted'):,} deleted, "
-          f"{metric('num_target_rows_copied'):,} copied unchanged", flush=True)
+          f"{metric('num_target_rows_copied'):,} copied unchanged"), flush=True)
     removed, added = sum(c.removes for c in merges), sum(c.adds for c in merges)
     # delta-rs 1.6.6's num_target_files_scanned/skipped_during_scan say 0 scanned while files are
     # rewritten: the log's remove and add actions are the figures.
     print(f"  files: the MERGE removed {removed} of the table's {files_before} ({gib(sum(c.remove_bytes for c in merges))} "
-          f"of {gib(bytes_before)}) and added {added} ({gib(sum(c.add_bytes for c in merges))}) (delta-rs: "
-          f"{metric('num_target_files_removed')} removed, {metric('num_target_files_added')} added); its early filter "
-          f"(the files it may touch): {' | '.join(c.predicate for c in merges) or 'none'}"
+          f"of {gib(bytes_before)}) and added {added} ({gib(sum(c.add_bytes for c in merges))})" + (
+              " (the copy-on-write's commit)" if cluster_merge else
+              f" (delta-rs: {metric('num_target_files_removed')} removed, {metric('num_target_files_added')} added); "
+              f"its early filter (the files it may touch): {' | '.join(c.predicate for c in merges) or 'none'}")
           + (f"; tombstones table: {sum(c.adds for c in tombs)} file(s) added, {sum(c.removes for c in tombs)} removed"
              if tombstones_uri else ""), flush=True)
     committer = peaks.committer()
@@ -437,17 +457,28 @@ def measure(case: str, pipeline, spark, events: Events) -> dict:
           f"{gib(driver_hwm_before)} before the run), Spark's JVM {gib(peaks.jvm)}; reading: Spark's other Python "
           f"processes {gib(peaks.workers_reading)} in all (proportional), {gib(peaks.worker_reading)} the largest",
           flush=True)
-    if committer is None:
+    for (worker, executor, pid) in sorted(executors.executors):
+        jvm, python_sum, python_max = executors.executor_peaks((worker, executor, pid))
+        print(f"  executor {executor} on worker {worker} (pid {pid}): JVM {gib(jvm)}, its Python workers {gib(python_sum)} "
+              f"in all, {gib(python_max)} the largest", flush=True)
+    if pipeline.upsert.merge == "cluster":
+        print("  the commit (the copy-on-write's classification, location and commit) ran in the run's process; the "
+              "rewrite in the executors' Python workers", flush=True)
+    elif committer is None:
         print(f"  the sink's commit: no Python worker of {Peaks.COMMIT_MODULE} was seen (no figure)", flush=True)
     else:
         pid, peak, first, command = committer
         print(f"  the sink's commit (the MERGE) ran in a Python worker the JVM started ({command}, pid {pid}): peak RSS "
               f"{gib(peak)} ({gib(first)} when first seen in this run)", flush=True)
     verify(table_uri, events)
+    executor_peak = max((executors.executor_peaks(k)[0] for k in executors.executors), default=0)
+    worker_peak = max((executors.executor_peaks(k)[2] for k in executors.executors), default=0)
     return {"run": f"{wall:.1f}s", "Spark job": f"{seconds(profile, 'spark_job'):.1f}s",
-            "commit": f"{seconds(profile, 'commit'):.1f}s", "MERGE": f"{merge_s:.1f}s",
-            "commit process": gib(committer[1]) if committer else "?", "JVM": gib(peaks.jvm),
+            "commit": f"{seconds(profile, 'commit'):.1f}s", "MERGE": "-" if cluster_merge else f"{merge_s:.1f}s",
+            "commit process": gib(peaks.driver if pipeline.upsert.merge == "cluster" else committer[1]) if (
+                committer or pipeline.upsert.merge == "cluster") else "?", "JVM": gib(peaks.jvm),
             "run's process": gib(peaks.driver),
+            **({"executor JVM": gib(executor_peak), "executor Python": gib(worker_peak)} if workers else {}),
             "files rewritten": f"{removed} of {files_before} ({gib(sum(c.remove_bytes for c in merges))}), {added} added"}
 
 
@@ -488,24 +519,33 @@ def verify(table_uri: str, events: Events) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the table before the events")
-    parser.add_argument("--events", type=int, default=1_000_000, help="change events per case (tombstones apart)")
+    parser.add_argument("--rows", type=int, help="rows of the table before the events (10 M; 100 M with --cluster)")
+    parser.add_argument("--events", type=int, help="change events per case, tombstones apart (1 M; 10 M with --cluster)")
     parser.add_argument("--partitions", type=int, default=2, help="of each topic")
     parser.add_argument("--file-mib", type=int, default=100, help="the appended rows' file size (delta-rs's default)")
     parser.add_argument("--no-hot", action="store_true", help="the uniform case only")
     parser.add_argument("--no-sequence", action="store_true", help="offset order: no sequence_by, no tombstones table")
+    parser.add_argument("--cluster", action="store_true", help="upsert.merge local against cluster on two Spark workers")
+    parser.add_argument("--worker-memory", default="2g", help="with --cluster, each worker's memory (its executor asks 1g)")
     args = parser.parse_args()
+    rows = args.rows or (100_000_000 if args.cluster else 10_000_000)
+    events_per_case = args.events or (10_000_000 if args.cluster else 1_000_000)
     logging.basicConfig(level=logging.WARNING)
     # Hot first: Spark's JVM and its Python workers (the commit's too) are reused and keep what
-    # they grew to, so the uniform case's peaks are its own, not the hot case's.
-    cases = ([] if args.no_hot else ["hot"]) + ["uniform"]
+    # they grew to, so the uniform case's peaks are its own, not the hot case's. With --cluster,
+    # local first for the same reason: the cluster case's driver-side peaks are its own.
+    cases = ["local", "cluster"] if args.cluster else ([] if args.no_hot else ["hot"]) + ["uniform"]
     sequenced = not args.no_sequence
     work = tempfile.mkdtemp(prefix="oncemore-upsert-")
     began = time.perf_counter()
+    cluster = None
     try:
         with kafkabroker.running(kafkabroker.start_kafka()) as broker:
-            spark = spark_session("local[2]")
-            pipelines = {case: pipeline_for(broker, work, case, args.events, sequenced) for case in cases}
+            if args.cluster:
+                cluster = start_spark_cluster(cores=1, workers=2, memory=args.worker_memory, log_dir=f"{work}/spark")
+            spark = spark_session(cluster.master_url if cluster else "local[2]")
+            pipelines = {case: pipeline_for(broker, work, case, events_per_case, sequenced,
+                                            "cluster" if case == "cluster" else "local") for case in cases}
             for case, pipeline in pipelines.items():
                 broker.create_topic(pipeline.source.topic, args.partitions)
                 first = first_events(broker, pipeline.source.topic, args.partitions)
@@ -514,40 +554,45 @@ def main() -> None:
             # runs alone, in this process and the JVM's).
             context = multiprocessing.get_context("spawn")
             with context.Pool(2) as pool:
-                hot_uri = pipelines["hot"].sink.table_uri if "hot" in pipelines else None
-                written = pool.apply_async(write_rows, (pipelines["uniform"].sink.table_uri, args.rows, args.file_mib,
-                                                        hot_uri))
+                written = pool.apply_async(write_rows, (pipelines[cases[-1]].sink.table_uri, rows, args.file_mib,
+                                                        pipelines[cases[0]].sink.table_uri if len(cases) > 1 else None))
                 produced = {}
                 for case, pipeline in pipelines.items():
                     hot = case == "hot"
                     produced[case] = pool.apply_async(produce_events, (
-                        broker.bootstrap_servers, pipeline.source.topic, args.partitions, args.rows, args.events,
-                        max(1, int(args.rows * HOT_SHARE)) if hot else args.rows, not hot, int(hot), first,
+                        broker.bootstrap_servers, pipeline.source.topic, args.partitions, rows, events_per_case,
+                        max(1, int(rows * HOT_SHARE)) if hot else rows, not hot, int(hot), first,
                         f"{work}/{case}-touched.parquet"))
                 files, size, took = written.get()
                 events = {case: result.get() for case, result in produced.items()}
-            print(f"table: {args.rows:,} rows appended with delta-rs in {files} file(s) ({gib(size)}, "
-                  f"~{size / max(files, 1) / MIB:,.0f} MiB each) in {took:.1f}s; Spark local[2], "
+            where = (f"a Spark standalone cluster of 2 workers of 1 core and {args.worker_memory}" if cluster else
+                     "Spark local[2]")
+            print(f"table: {rows:,} rows appended with delta-rs in {files} file(s) ({gib(size)}, "
+                  f"~{size / max(files, 1) / MIB:,.0f} MiB each) in {took:.1f}s; {where}, "
                   f"{os.cpu_count()} cores, {'sequence_by source.lsn' if sequenced else 'offset order'}", flush=True)
             summary = {}
             for case, pipeline in pipelines.items():
                 e = events[case]
-                ids = (f"ids 1..{max(1, int(args.rows * HOT_SHARE)):,} (the first {HOT_SHARE:.0%})" if case == "hot"
-                       else f"ids 1..{args.rows:,} and new ones")
-                print(f"\n{case} keys: {args.events:,} change events ({e.ops['u']:,} u, {e.ops['c']:,} c of which "
-                      f"{e.recreates:,} re-create a deleted id, {e.ops['d']:,} d) + {e.ops['tombstone']:,} tombstones "
-                      f"= {e.records:,} records ({gib(e.bytes)}) over {ids}, in {args.partitions} partitions by key "
-                      f"(produced in {e.seconds:.1f}s)", flush=True)
-                summary[case] = measure(case, pipeline, spark, e)
+                ids = (f"ids 1..{max(1, int(rows * HOT_SHARE)):,} (the first {HOT_SHARE:.0%})" if case == "hot"
+                       else f"ids 1..{rows:,} and new ones")
+                print(f"\n{case if cluster else case + ' keys'}: {events_per_case:,} change events ({e.ops['u']:,} u, "
+                      f"{e.ops['c']:,} c of which {e.recreates:,} re-create a deleted id, {e.ops['d']:,} d) + "
+                      f"{e.ops['tombstone']:,} tombstones = {e.records:,} records ({gib(e.bytes)}) over {ids}, in "
+                      f"{args.partitions} partitions by key (produced in {e.seconds:.1f}s), upsert.merge "
+                      f"{pipeline.upsert.merge}", flush=True)
+                summary[case] = measure(case, pipeline, spark, e, [w.pid for w in cluster.workers] if cluster else None)
             spark.stop()
-        print(f"\n{args.events:,} change events over a {args.rows:,}-row table, {os.cpu_count()} cores (peak RSS: "
-              "the commit's Python process, where the MERGE runs; Spark's JVM; the run's own Python process):")
-        columns = list(summary["uniform"])
+        print(f"\n{events_per_case:,} change events over a {rows:,}-row table, {os.cpu_count()} cores (peak RSS: "
+              "the commit's Python process, where the MERGE's driver side runs; Spark's JVM; the run's own Python "
+              "process" + ("; the largest executor JVM and executor Python worker" if cluster else "") + "):")
+        columns = list(summary[cases[-1]])
         widths = {c: max(len(c), *(len(row[c]) for row in summary.values())) for c in columns}
         print("  " + f"{'case':<8}" + "  ".join(f"{c:>{widths[c]}}" for c in columns))
         for case, row in summary.items():
             print("  " + f"{case:<8}" + "  ".join(f"{row[c]:>{widths[c]}}" for c in columns))
     finally:
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nthe benchmark took {time.perf_counter() - began:.0f}s in all", flush=True)
 

@@ -2,30 +2,47 @@
 part's commit applies them, for the cases a run rarely produces on demand: keys whose file
 statistics delta-rs truncates, a tombstones table whose positions a rewinding reset left ahead,
 a tombstone's rule under sequence_by (it deletes a row of its own partition below it), and
-Debezium's placeholder for a value it did not send."""
+Debezium's placeholder for a value it did not send. Each on both paths of ``upsert.merge``: the
+cluster's copy-on-write runs its tasks (write/rewrite.py) in this process instead of a Spark job
+(run/rewritejob.py only ships them); then what only that path does: partitioned files, a rewrite
+that does not add up, a file compacted away between the snapshot and the commit."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from oncemore.commit.copyonwrite import ClusterRewrite, RewriteMiscount
 from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
 from oncemore.core.columns import CHANGE_COLUMN, METADATA_FIELDS, SEQUENCE_FIELD, tombstones_schema
 from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.errors import CommitConflict, UnsupportedTable
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
+from oncemore.write.rewrite import RewriteResult, RewriteTask, rewrite
 
 PARTITION = KafkaPartition("t", 0)
 PLACEHOLDER = "__debezium_unavailable_value"
+MERGES = pytest.mark.parametrize("merge", ["local", "cluster"])
+
+
+def in_process(tasks: list[RewriteTask]) -> list[RewriteResult]:
+    return [rewrite(t) for t in tasks]
 
 
 class Tables:
-    def __init__(self, root, key: pa.Field, sequenced: bool = True, placeholder: str | None = None):
+    def __init__(self, root, key: pa.Field, sequenced: bool = True, placeholder: str | None = None,
+                 merge: str = "local", **create):
         self.main, self.tombstones = str(root / "main"), str(root / "tombstones")
+        self.root, self.merge, self.run_rewrite = root, merge, in_process
         self.schema = pa.schema([key, pa.field("v", pa.string()), pa.field("blob", pa.binary())]
                                 + ([SEQUENCE_FIELD] if sequenced else []) + METADATA_FIELDS)
-        DeltaTable.create(self.main, self.schema)
+        DeltaTable.create(self.main, self.schema, **create)
         DeltaTable.create(self.tombstones, tombstones_schema(pa.schema([key])))
         self.spec = UpsertSpec((key.name,), sequenced, self.tombstones, placeholder)
         self.batch = 0
@@ -57,8 +74,11 @@ class Tables:
         record = CommitInfo(pipeline="p", run_id="r", batch_seq=self.batch,
                             ranges={"t": {str(p.partition): list(r) for p, r in ranges.items()}},
                             records={"written": len(changes), "quarantined": 0, "filtered": 0})
+        cluster = (ClusterRewrite(self.run_rewrite, str(self.root / "staging" / str(self.batch)))
+                   if self.merge == "cluster" else None)
         return apply(main, Ledger(self.tombstones, "p"), reduce_changes(rows, self.spec, "p"), self.spec,
-                     main.positions(list(ranges)), {p: e for p, (_, e) in ranges.items()}, list(ranges), record, "p")
+                     main.positions(list(ranges)), {p: e for p, (_, e) in ranges.items()}, list(ranges), record, "p",
+                     cluster)
 
     def rows(self, column: str = "v") -> dict:
         return {r[self.spec.keys[0]]: r[column] for r in DeltaTable(self.main).to_pyarrow_table().to_pylist()}
@@ -68,8 +88,9 @@ class Tables:
                 for r in DeltaTable(self.tombstones).to_pyarrow_table().to_pylist()}
 
 
-def test_keys_longer_than_the_statistics_delta_rs_keeps_are_updated_and_deleted(tmp_path):
-    tables = Tables(tmp_path, pa.field("id", pa.string()))
+@MERGES
+def test_keys_longer_than_the_statistics_delta_rs_keeps_are_updated_and_deleted(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.string()), merge=merge)
     long, other = "a" * 65, "日本語" * 12
     tables.apply([(long, "one", "upsert", 1, 0), (other, "two", "upsert", 2, 1)], 0, 2)
     outcome, counts = tables.apply([(long, "one-new", "upsert", 3, 2), (other, None, "delete", 4, 3)], 2, 4)
@@ -77,8 +98,9 @@ def test_keys_longer_than_the_statistics_delta_rs_keeps_are_updated_and_deleted(
     assert tables.rows() == {long: "one-new"}
 
 
-def test_a_delete_is_kept_even_where_the_tombstones_positions_are_ahead_after_a_reset(tmp_path):
-    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+@MERGES
+def test_a_delete_is_kept_even_where_the_tombstones_positions_are_ahead_after_a_reset(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
     tables.apply([(9, "x", "delete", 50, 99)], 99, 100)  # the tombstones table holds t/0 at 100
     main = Ledger(tables.main, "p")
     from oncemore.commit.committer import commit_positions
@@ -91,10 +113,11 @@ def test_a_delete_is_kept_even_where_the_tombstones_positions_are_ahead_after_a_
     assert held == {7, 9}
 
 
-def test_a_tombstone_deletes_the_row_of_its_partition_below_it_and_keeps_the_delete_against_older_events(tmp_path):
+@MERGES
+def test_a_tombstone_deletes_the_row_of_its_partition_below_it_and_keeps_the_delete_against_older_events(tmp_path, merge):
     """A compacted topic's d is gone, its tombstone is left: it deletes the row that came from its
     partition at a lower offset, and the delete holds the row's sequence at its coordinates."""
-    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
     tables.apply([(1, "one", "upsert", 10, 0), (2, "two", "upsert", 20, 1), (3, "three", "upsert", 30, 0, 1)])
     _, counts = tables.apply([(1, None, "tombstone", None, 3),  # the d at offset 2 was compacted away
                               (3, None, "tombstone", None, 4),  # its row came from partition 1: no delete
@@ -108,8 +131,9 @@ def test_a_tombstone_deletes_the_row_of_its_partition_below_it_and_keeps_the_del
     assert tables.rows() == {1: "again", 2: "two", 3: "three"} and counts["inserted"] == 1
 
 
-def test_a_tombstone_after_the_parts_own_event_deletes_it_and_an_earlier_one_does_not(tmp_path):
-    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+@MERGES
+def test_a_tombstone_after_the_parts_own_event_deletes_it_and_an_earlier_one_does_not(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
     _, counts = tables.apply([(1, "one", "upsert", 10, 0), (1, None, "tombstone", None, 1),
                               (2, None, "tombstone", None, 2), (2, "two", "upsert", 5, 3),
                               (3, "three", "upsert", 7, 4), (3, None, "tombstone", None, 5),
@@ -120,17 +144,20 @@ def test_a_tombstone_after_the_parts_own_event_deletes_it_and_an_earlier_one_doe
     assert tables.held() == {1: (10, 0, 1)}
 
 
-def test_a_row_whose_sequence_was_cleared_loses_to_any_event(tmp_path):
-    tables = Tables(tmp_path, pa.field("id", pa.int64()))
+@MERGES
+def test_a_row_whose_sequence_was_cleared_loses_to_any_event(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
     tables.apply([(1, "one", "upsert", 10, 0)])
     DeltaTable(tables.main).update({"_sequence": "NULL"})
     _, counts = tables.apply([(1, "new era", "upsert", 1, 1, 1)])
     assert tables.rows() == {1: "new era"} and counts["updated"] == 1
 
 
+@MERGES
 @pytest.mark.parametrize("sequenced", [True, False], ids=["sequence_by", "offsets"])
-def test_a_placeholder_keeps_the_stored_value_and_an_unknown_one_is_null_and_counted(tmp_path, sequenced):
-    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=sequenced, placeholder=PLACEHOLDER)
+def test_a_placeholder_keeps_the_stored_value_and_an_unknown_one_is_null_and_counted(tmp_path, sequenced, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=sequenced, placeholder=PLACEHOLDER,
+                    merge=merge)
     big, raw = "x" * 5000, PLACEHOLDER.encode()
     tables.apply([(1, big, "upsert", 1, 0, 0, b"blob-1"), (2, "two", "upsert", 2, 1, 0, b"blob-2")])
     _, counts = tables.apply([(1, PLACEHOLDER, "upsert", 3, 2, 0, raw),  # both unchanged: the stored values
@@ -142,3 +169,66 @@ def test_a_placeholder_keeps_the_stored_value_and_an_unknown_one_is_null_and_cou
     assert tables.rows() == {1: big, 2: "two-b", 3: None, 4: None}
     assert tables.rows("blob") == {1: b"blob-1", 2: b"blob-2b", 3: b"blob-3", 4: None}
     assert counts["unavailable"] == 2 and counts["updated"] == 2 and counts["inserted"] == 2, counts
+
+
+def unreferenced(table_uri: str) -> set[str]:
+    """The Parquet files under the table that its current version does not reference."""
+    referenced = {unquote(p) for p in pa.table(DeltaTable(table_uri).get_add_actions()).column("path").to_pylist()}
+    return {str(p.relative_to(table_uri)) for p in Path(table_uri).rglob("*.parquet")} - referenced
+
+
+def test_on_the_cluster_a_partitioned_table_keeps_each_row_in_its_partition_and_one_commit_moves_it(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.string()), merge="cluster", partition_by=["id"])
+    odd = "a b/c%d=é"  # escaped in the directory's name and the log's path
+    tables.apply([(odd, "one", "upsert", 1, 0), ("k2", "two", "upsert", 2, 1), ("k3", "three", "upsert", 3, 2)])
+    before = DeltaTable(tables.main).version()
+    outcome, counts = tables.apply([(odd, "one-b", "upsert", 4, 3), ("k2", None, "delete", 5, 4),
+                                    ("k4", "four", "upsert", 6, 5)])
+    assert outcome.status == "committed" and outcome.version == before + 1
+    assert {k: counts[k] for k in ("inserted", "updated", "deleted")} == {"inserted": 1, "updated": 1, "deleted": 1}
+    assert tables.rows() == {odd: "one-b", "k3": "three", "k4": "four"}
+    (commit,) = DeltaTable(tables.main).history(1)
+    assert Ledger(tables.main, "p").positions([PARTITION])[PARTITION] == 6 and commit["operation"] == "WRITE"
+    adds = pa.table(DeltaTable(tables.main).get_add_actions(flatten=True))
+    assert sorted(adds.column("partition.id").to_pylist()) == sorted([odd, "k3", "k4"])
+    actions = [json.loads(line) for line in Path(tables.main, "_delta_log", f"{before + 1:020d}.json").read_text().splitlines()]
+    removed = sorted(unquote(a["remove"]["path"]).split("/")[0] for a in actions if "remove" in a)
+    added = sorted(unquote(a["add"]["path"]).split("/")[0] for a in actions if "add" in a)
+    assert (removed, added) == (["id=a b%2Fc%25d%3Dé", "id=k2"], ["id=a b%2Fc%25d%3Dé", "id=k4"])  # k2's file: no row left
+    assert len(unreferenced(tables.main)) == 2  # the removed files, until vacuum
+
+
+def test_a_rewrite_that_does_not_add_up_commits_nothing_and_deletes_the_files_it_wrote(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=False, merge="cluster")
+    tables.apply([(1, "one", "upsert", None, 0), (2, "two", "upsert", None, 1)])
+    version, files = DeltaTable(tables.main).version(), unreferenced(tables.main)
+    tables.run_rewrite = lambda tasks: [RewriteResult(r.read, r.dropped - 1, r.added, r.files)
+                                        for r in in_process(tasks)]  # a row it says it kept, lost
+    with pytest.raises(RewriteMiscount, match=r"read 2 rows, dropped 0 \(the changed keys they hold: 1\), added 1"):
+        tables.apply([(1, "one-b", "upsert", None, 2)])
+    assert DeltaTable(tables.main).version() == version and unreferenced(tables.main) == files
+    assert tables.rows() == {1: "one", 2: "two"}
+
+
+def test_a_file_compacted_between_the_snapshot_and_the_commit_refuses_the_commit(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=False, merge="cluster")
+    tables.apply([(1, "one", "upsert", None, 0)])
+    tables.apply([(2, "two", "upsert", None, 1)])
+
+    def compacting(tasks):
+        DeltaTable(tables.main).optimize.compact()  # another writer, while the tasks run
+        return in_process(tasks)
+
+    tables.run_rewrite = compacting
+    with pytest.raises(CommitConflict, match=r"another commit landed on the table first; nothing was committed"):
+        tables.apply([(1, "one-b", "upsert", None, 2)])
+    assert tables.rows() == {1: "one", 2: "two"}
+    assert Ledger(tables.main, "p").positions([PARTITION])[PARTITION] == 2
+
+
+def test_an_append_only_table_is_refused_on_the_cluster_before_any_commit(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge="cluster", configuration={"delta.appendOnly": "true"})
+    with pytest.raises(UnsupportedTable, match="delta.appendOnly .no file may be removed.*use upsert.merge local"):
+        tables.apply([(1, "one", "upsert", 1, 0)])
+    assert DeltaTable(tables.main).version() == 0 and DeltaTable(tables.tombstones).version() == 0
+

@@ -123,8 +123,9 @@ def key(i: int) -> bytes:
     return json.dumps({"id": i}).encode()
 
 
+@pytest.mark.parametrize("merge", MERGES)
 def test_a_late_event_never_overwrites_a_newer_row_nor_brings_a_deleted_one_back_across_runs(
-        spark, broker, topic, make_pipeline):
+        merge, spark, broker, topic, make_pipeline):
     row = lambda i, name: {"id": i, "name": name, "balance": i}  # noqa: E731
     broker.produce(topic, [
         (0, key(1), envelope("c", row(1, "one"), lsn=10), None),
@@ -135,7 +136,7 @@ def test_a_late_event_never_overwrites_a_newer_row_nor_brings_a_deleted_one_back
         (0, key(4), envelope("c", row(4, "four"), lsn=5), None),
         (0, key(4), None, None),  # its partition's row below it: deleted (as if its d was compacted away)
     ])
-    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn")
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", merge=merge)
     run(pipeline, spark_factory=lambda: spark)
     broker.produce(topic, [
         (1, key(1), envelope("u", row(1, "late-update"), lsn=20), None),  # older than the delete: stays deleted

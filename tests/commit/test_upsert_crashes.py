@@ -21,19 +21,23 @@ def commits(pipeline) -> tuple[int, int, int]:
                  for uri in (pipeline.sink.table_uri, pipeline.sink.quarantine_uri, pipeline.sink.tombstones_uri))
 
 
-# (step, oncemore commits in (main, quarantine, tombstones) right after the crash)
+# (merge, step, oncemore commits in (main, quarantine, tombstones) right after the crash)
 # planned and written are as on the append path (tests/run/test_crashes.py): nothing of the part is there yet.
-STEPS = [("validated", (0, 0, 0)),
-         ("quarantine_committed", (0, 1, 0)), ("tombstones_committed", (0, 1, 1)), ("main_committed", (1, 1, 1))]
+# upsert.merge cluster (test_upsert.py's MERGES) adds a step: the touched files rewritten, not yet committed.
+STEPS = [("local", "validated", (0, 0, 0)), ("local", "quarantine_committed", (0, 1, 0)),
+         ("local", "tombstones_committed", (0, 1, 1)), ("local", "main_committed", (1, 1, 1)),
+         ("cluster", "validated", (0, 0, 0)), ("cluster", "quarantine_committed", (0, 1, 0)),
+         ("cluster", "tombstones_committed", (0, 1, 1)), ("cluster", "rewritten", (0, 1, 1)),
+         ("cluster", "main_committed", (1, 1, 1))]
 
 
-@pytest.mark.parametrize("step,expected", STEPS, ids=[s for s, _ in STEPS])
-def test_an_upsert_run_killed_at_each_step_ends_folded_after_two_racing_reruns(step, expected, broker, topic,
+@pytest.mark.parametrize("merge,step,expected", STEPS, ids=[f"{m}-{s}" for m, s, _ in STEPS])
+def test_an_upsert_run_killed_at_each_step_ends_folded_after_two_racing_reruns(merge, step, expected, broker, topic,
                                                                                  make_pipeline, spark):
     events = debezium_events(keys=25, changes=250, seed=11)
     broker.produce(topic, [(p, b'{"id": 1}', BROKEN, None) for p in (0, 1, 2)])  # quarantined, in the first part
     produce(broker.bootstrap_servers, topic, events, "shuffled", seed=5)
-    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn",
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", merge=merge,
                         limits={"max_records_per_commit": 240})
     process = oncemore_command(pipeline, "run", step)
     _, err = process.communicate(timeout=600)

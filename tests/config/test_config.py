@@ -92,6 +92,7 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("upsert", {"keys": ["id"], "envelope": "debezium", "delete_when": "x = 1"}, "upsert.delete_when",
          "applies to envelope none"),
         ("upsert", {"keys": ["id"], "envelope": "cdc"}, "upsert.envelope", "'debezium' or 'none'"),
+        ("upsert", {"keys": ["id"], "merge": "spark"}, "upsert.merge", "'local' or 'cluster'"),
         ("upsert", {"keys": ["id"], "unavailable_value_placeholder": ""}, "upsert.unavailable_value_placeholder",
          "at least 1 character"),
         ("upsert", {"keys": ["id"], "unavailable_value_placeholder": 7}, "upsert.unavailable_value_placeholder",

@@ -37,8 +37,8 @@ ROW = "id BIGINT, name STRING, balance BIGINT"
 SHOWN = ("inserted", "updated", "deleted", "stale")  # per batch, in status and on the page
 
 
-def debezium(make_pipeline, topic, sequence_by=None, **overrides):
-    upsert = {"keys": ["id"], "envelope": "debezium", **({"sequence_by": sequence_by} if sequence_by else {})}
+def debezium(make_pipeline, topic, sequence_by=None, merge="local", **overrides):
+    upsert = {"keys": ["id"], "envelope": "debezium", "merge": merge, **({"sequence_by": sequence_by} if sequence_by else {})}
     settings = {"key": {"type": "json", "schema": "id BIGINT"}, "format": {"type": "json", "schema": ROW},
                 "upsert": upsert, **overrides}
     return make_pipeline(topic, name="accounts", **settings)
@@ -64,13 +64,15 @@ def forget_commits_up_to(uri, version):
             log_file.unlink()
 
 
+@pytest.mark.parametrize("merge", ("local", "cluster"))  # upsert.merge: tests/commit/test_upsert.py's MERGES
 def test_an_untouched_table_verifies_and_replays_and_a_row_changed_by_another_tool_is_named(
-        spark, broker, topic, make_pipeline):
+        merge, spark, broker, topic, make_pipeline):
     events = debezium_events(keys=30, changes=250, seed=5)
     half = len(events) // 2
     produce(broker.bootstrap_servers, topic, events[:half], "shuffled", seed=1)
     broker.produce(topic, [(0, b'{"id": 999}', b"{not json", None)])  # quarantined
-    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", limits={"max_records_per_commit": 60})
+    pipeline = debezium(make_pipeline, topic, sequence_by="source.lsn", merge=merge,
+                        limits={"max_records_per_commit": 60})
     run(pipeline, spark_factory=lambda: spark)
     produce(broker.bootstrap_servers, topic, events[half:], "shuffled", seed=2)
     run(pipeline, spark_factory=lambda: spark)

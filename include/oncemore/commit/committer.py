@@ -148,9 +148,12 @@ def merge(ledger: Ledger, table: DeltaTable, source: pa.Table, predicate: str, c
     return CommitOutcome("committed", version_of(ledger, record, read_version)), metrics
 
 
-def properties(ledger: Ledger, table: DeltaTable, new_positions, partitions, record: CommitInfo) -> CommitProperties:
+def properties(ledger: Ledger, table: DeltaTable, new_positions, partitions, record: CommitInfo,
+               retries: int | None = None) -> CommitProperties:
+    """The txn actions and the record of a commit built on ``table``; ``retries``: how often delta-rs
+    may rebase it over commits that landed since (None: its default; 0: it lands on ``table`` or not at all)."""
     return CommitProperties(app_transactions=ledger.transactions(new_positions, partitions, table, record),
-                            custom_metadata={METADATA_KEY: record.to_json()})
+                            custom_metadata={METADATA_KEY: record.to_json()}, max_commit_retries=retries)
 
 
 def refused_commit(ledger: Ledger, exc: CommitFailedError, record: CommitInfo, read_version: int, expected,
@@ -166,9 +169,11 @@ def refused_commit(ledger: Ledger, exc: CommitFailedError, record: CommitInfo, r
     current = ledger.positions(new_positions, latest)
     if _reached(current, new_positions):
         return CommitOutcome("lost_race", None)
+    moves = _moves(expected, current, new_positions)
     raise CommitConflict(
-        f"{ledger.table_uri}: a concurrent commit moved positions of pipeline {ledger.pipeline} "
-        f"({_moves(expected, current, new_positions)}); nothing was committed: {exc}",
+        f"{ledger.table_uri}: " + (f"a concurrent commit moved positions of pipeline {ledger.pipeline} ({moves})"
+                                   if moves else "another commit landed on the table first")
+        + f"; nothing was committed: {exc}",
         table_uri=ledger.table_uri, expected=dict(expected), found=current, attempted=True,
     ) from exc
 

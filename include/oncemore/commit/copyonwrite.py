@@ -3,17 +3,20 @@ copy-on-write of the files holding a changed key, rewritten by the cluster's tas
 delta-rs in ONE commit of their removes, the new files' adds, the txn actions and the record.
 
 The driver keeps what merge.py decided (the change rows: upserts whole, deletes by key, and
-their counts) and only locates the table files that hold their keys, scanning the key columns
-fragment by fragment; each changing key it finds there is an update or a delete, each it does not
+their counts) and only locates the table files that hold their keys, reading their key columns
+file by file; each changing key it finds there is an update or a delete, each it does not
 is an insert, and these must be the classification's counts before anything is written. The part
 of the change rows each task needs is staged as Parquet in the part's staging area, so no change
 row travels through Spark. Each task (write/rewrite.py) rewrites its files without the changed
 keys' rows and adds the upserts; the rows must add up (rows read - rows dropped + rows added =
 rows written, and the rows dropped are exactly the keys located in the files) or nothing is
-committed and the new files are deleted. The commit builds on the snapshot the part was
-classified on: a file removed meanwhile (an OPTIMIZE, a racing run) or a racing commit of the same
-positions makes delta-rs refuse it, judged as any refused commit (committer.refused_commit); after an
-attempt the new files are never deleted (vacuum removes those of a commit that did not land).
+committed and the new files are deleted. The commit lands on the snapshot the part was
+classified on or not at all (no retry): delta-rs's conflict check lets a commit remove a file a
+concurrent commit removed already (an OPTIMIZE, a racing run; delta-rs 1.6.6), which would keep
+both the compacted rows and their rewrite. Any commit that landed meanwhile refuses it, judged as
+any refused commit (committer.refused_commit: a racing run that committed the range won the
+race; otherwise a conflict, and the next run goes on); after an attempt the new files are never
+deleted (vacuum removes those of a commit that did not land).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from oncemore.commit.committer import CommitOutcome, refused_commit, properties, version_of, commit, delete_files
+from oncemore.commit.committer import CommitOutcome, commit, delete_files, properties, refused_commit, version_of
 from oncemore.core import crashpoints
 from oncemore.core.columns import CHANGE_COLUMN, schema_text
 from oncemore.core.errors import OncemoreError
@@ -41,7 +44,7 @@ from oncemore.core.storage import filesystem
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import partition_value_text
-from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile
+from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile, key_batches
 
 TASK_BYTES = 256 << 20  # touched files' bytes per task: a task's wall time, not its memory (it streams)
 INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
@@ -69,7 +72,7 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     on) by copy-on-write on the cluster, in one commit with the positions (module docstring);
     returns the outcome and the MERGE's metrics as delta-rs names them."""
     where = f"pipeline {pipeline}: {ledger.table_uri} version {table.version()}"
-    touched, owner = locate(table, changing, keys, where)
+    touched, owner = locate(table, changing, keys, where, cluster.storage_options)
     upserts = pc.equal(changing.column(CHANGE_COLUMN), "upsert")
     held_key = pc.greater_equal(owner, 0)
     metrics = {"num_target_rows_inserted": pc.sum(pc.and_(upserts, pc.invert(held_key))).as_py() or 0,
@@ -95,40 +98,41 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     try:
         table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                        partition_by=list(table.metadata().partition_columns) or None,
-                                       commit_properties=properties(ledger, table, new_positions, partitions, record))
+                                       commit_properties=properties(ledger, table, new_positions, partitions, record,
+                                                                    retries=0))
     except CommitFailedError as exc:
         return refused_commit(ledger, exc, record, read_version, expected, new_positions), {}
     return CommitOutcome("committed", version_of(ledger, record, read_version)), metrics
 
 
-def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: str) -> tuple[list[TouchedFile], pa.Array]:
+def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: str,
+           storage_options: Mapping[str, str] | None = None) -> tuple[list[TouchedFile], pa.Array]:
     """The table's files holding a key of ``changing``, and per row of ``changing`` the index of
-    the file holding its key (-1: none); a key on two rows of the table is refused."""
-    adds = pa.table(table.get_add_actions(flatten=False))
+    the file holding its key (-1: none); a key on two rows of the table is refused. Each file is
+    read as its rewrite reads it (write/rewrite.py), its key columns only."""
+    adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
     partition_columns = list(table.metadata().partition_columns)
-    by_path = {unquote(p): i for i, p in enumerate(adds.column("path").to_pylist())}
-    probe = changing.select(list(keys)).append_column("_row", pa.array(range(changing.num_rows), pa.int64()))
-    dataset = table.to_pyarrow_dataset()
+    schema = pa.schema(table.schema().to_arrow())
+    probe = changing.select(list(keys)).cast(pa.schema([schema.field(k) for k in keys]))
+    probe = probe.append_column("_row", pa.array(range(changing.num_rows), pa.int64()))
+    fs, root = filesystem(table.table_uri, storage_options)
     owner = np.full(changing.num_rows, -1, np.int64)
     touched: list[TouchedFile] = []
-    for fragment in dataset.get_fragments():
-        found = []
-        for batch in fragment.to_batches(schema=dataset.schema, columns=list(keys)):
-            if batch.num_rows:
-                rows = pa.Table.from_batches([batch]).select(list(keys)).cast(probe.select(list(keys)).schema)
-                found.append(rows.join(probe, list(keys), join_type="inner").column("_row"))
-        rows_found = pa.chunked_array(found, pa.int64()).to_numpy() if found else np.empty(0, np.int64)
+    for add in adds:
+        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
+        path = unquote(add["path"])  # the log's is URL-encoded; delta-rs's actions take it as stored
+        found = [rows.join(probe, list(keys), join_type="inner").column("_row").combine_chunks()
+                 for rows in key_batches(fs, f"{root}/{path}", keys, values, schema)]
+        rows_found = pa.concat_arrays(found).to_numpy() if found else np.empty(0, np.int64)
         if not len(rows_found):
             continue
-        add = adds.slice(by_path[unquote(fragment.path)], 1).to_pylist()[0]
         unique, times = np.unique(rows_found, return_counts=True)
         twice = [*rows_found[owner[rows_found] != -1].tolist(), *unique[times > 1].tolist()]
         if twice:
             raise RewriteMiscount(f"{where}: key {changing.select(list(keys)).slice(twice[0], 1).to_pylist()[0]} is "
                                   "on two rows of the table; nothing was committed", row=twice[0])
         owner[rows_found] = len(touched)
-        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
-        touched.append(TouchedFile(add["path"], add["size_bytes"], values, len(rows_found)))
+        touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
     return touched, pa.array(owner)
 
 

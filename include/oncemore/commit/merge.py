@@ -46,6 +46,7 @@ from oncemore.commit.committer import CommitOutcome, held, merge
 from oncemore.commit.copyonwrite import ClusterRewrite, commit_rewrite
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.sequencing import check_sequence
+from oncemore.commit.tablefeatures import check_rewritable
 from oncemore.commit.tombstones import MERGE_MEMORY_BYTES, keep_deletes, on_keys
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
@@ -299,6 +300,8 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
         return CommitOutcome("already_committed", None), changes.counts
     if spec.sequence_by is not None or not spec.sequenced:  # a resequence may have landed since the run began
         check_sequence(pipeline, ledger.table_uri, table, spec.sequence_by)
+    if cluster is not None:  # before the part's first commit
+        check_rewritable(table, ledger.table_uri)
     if spec.sequenced:
         decision = _decide(changes, table, tombstones.snapshot(), spec)
         changing, counts = decision.changing, decision.counts

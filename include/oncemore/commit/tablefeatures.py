@@ -59,3 +59,22 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
             "written; remove them or point the pipeline at another table",
             table_uri=table_uri, requirements=asks,
         )
+
+
+def check_rewritable(table: DeltaTable, table_uri: str) -> None:
+    """Refuses, before anything is rewritten, a table whose files a copy-on-write of oncemore's
+    (``upsert.merge: cluster``, copyonwrite.py) may not replace: an append-only table, one whose
+    writers must record the change data feed, or one holding deletion vectors (the rows they
+    delete are still in the files' Parquet, which the rewrite copies)."""
+    configuration = table.metadata().configuration
+    asks = ["delta.appendOnly (no file may be removed)"] if configuration.get("delta.appendOnly") == "true" else []
+    asks += (["the change data feed (delta.enableChangeDataFeed: updates and deletes must write change files)"]
+             if configuration.get("delta.enableChangeDataFeed") == "true" else [])
+    asks += (["deletion vectors (files whose deleted rows a rewrite would copy back)"]
+             if "deletionVectors" in (table.protocol().writer_features or ()) else [])
+    if asks:
+        raise UnsupportedTable(
+            f"table {table_uri}: upsert.merge cluster rewrites the table's files, which it asks no writer to do: "
+            f"{'; '.join(asks)}. Nothing was committed; use upsert.merge local or point the pipeline at another table",
+            table_uri=table_uri, requirements=asks)
+

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
-from urllib.parse import unquote
+from typing import Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,7 +29,7 @@ ROW_GROUP_BATCH_ROWS = 100_000  # rows of a touched file in memory at once
 class TouchedFile:
     """A table file holding at least one key the part changes, as its add action says."""
 
-    path: str  # relative to the table root, as the Delta log spells it
+    path: str  # relative to the table root, as stored (the Delta log's, URL-decoded)
     size: int
     partition_values: Mapping[str, str | None]  # as text, the log's
     keys_held: int  # how many keys of the part's change rows it holds (each key is on one row of the table)
@@ -88,15 +87,29 @@ def rewrite(task: RewriteTask, storage_options: Mapping[str, str] | None = None)
     writer = TableWriter("main", task.table_uri, schema, task.partition_by, storage_options)
     read = dropped = 0
     for touched in task.files:
-        parquet = pq.ParquetFile(fs.open_input_file(f"{root}/{unquote(touched.path)}"))
+        parquet = pq.ParquetFile(fs.open_input_file(f"{root}/{touched.path}"))
         for batch in parquet.iter_batches(batch_size=ROW_GROUP_BATCH_ROWS):
-            rows = _with_partition_values(pa.Table.from_batches([batch]), touched.partition_values, schema)
+            # In the table's types first: another writer's file may hold other encodings (string_view).
+            rows = conform(_with_partition_values(pa.Table.from_batches([batch]), touched.partition_values, schema),
+                           schema)
             kept = _without(rows, probe, keys)
             read, dropped = read + rows.num_rows, dropped + rows.num_rows - kept.num_rows
-            writer.write(conform(kept, schema))
+            writer.write(kept)
     upserts = changes.filter(pc.equal(changes.column(CHANGE_COLUMN), "upsert")).drop_columns([CHANGE_COLUMN])
     writer.write(conform(upserts, schema))
     return RewriteResult(read, dropped, upserts.num_rows, tuple(writer.close()))
+
+
+def key_batches(fs, path: str, keys: tuple[str, ...], partition_values: Mapping[str, str | None],
+                schema: pa.Schema) -> Iterator[pa.Table]:
+    """A table file's ``keys`` columns (in ``schema``'s types), row group by row group, as
+    ``rewrite`` reads the file (the driver locates the changed keys with it)."""
+    stored = [k for k in keys if k not in partition_values]
+    kinds = pa.schema([schema.field(k) for k in keys])
+    for batch in pq.ParquetFile(fs.open_input_file(path)).iter_batches(batch_size=ROW_GROUP_BATCH_ROWS,
+                                                                        columns=stored):
+        rows = _with_partition_values(pa.Table.from_batches([batch]), partition_values, schema)
+        yield conform(rows, kinds)
 
 
 def _with_partition_values(rows: pa.Table, values: Mapping[str, str | None], schema: pa.Schema) -> pa.Table:
@@ -118,4 +131,4 @@ def _without(rows: pa.Table, probe: pa.Table, keys: list[str]) -> pa.Table:
     return rows.take(pc.take(kept, pc.sort_indices(kept)))  # in the file's order
 
 
-__all__ = ["RewriteResult", "RewriteTask", "TouchedFile", "rewrite"]
+__all__ = ["RewriteResult", "RewriteTask", "TouchedFile", "key_batches", "rewrite"]
