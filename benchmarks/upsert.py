@@ -385,6 +385,18 @@ def seconds(profile: dict, phase: str) -> float:
     return profile.get(phase, 0) / 1000
 
 
+class ClusterMergeLines(logging.Handler):
+    """Prints the cluster MERGE's own account of its phases (commit/copyonwrite.py logs it at INFO)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        logging.getLogger("oncemore").setLevel(logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "the cluster MERGE" in record.getMessage():
+            print(f"    {record.getMessage()}", flush=True)
+
+
 def measure(case: str, pipeline, spark, events: Events, workers: list[int] | None = None) -> dict:
     """One run of the case's events, its figures printed; the summary's returned."""
     table_uri = pipeline.sink.table_uri
@@ -531,10 +543,14 @@ def main() -> None:
     rows = args.rows or (100_000_000 if args.cluster else 10_000_000)
     events_per_case = args.events or (10_000_000 if args.cluster else 1_000_000)
     logging.basicConfig(level=logging.WARNING)
+    for handler in logging.getLogger().handlers:  # oncemore's INFO lines reach ClusterMergeLines alone
+        handler.setLevel(logging.WARNING)
+    logging.getLogger("oncemore").addHandler(ClusterMergeLines())
     # Hot first: Spark's JVM and its Python workers (the commit's too) are reused and keep what
     # they grew to, so the uniform case's peaks are its own, not the hot case's. With --cluster,
-    # local first for the same reason: the cluster case's driver-side peaks are its own.
-    cases = ["local", "cluster"] if args.cluster else ([] if args.no_hot else ["hot"]) + ["uniform"]
+    # cluster first: its commit runs in this process, whose RSS keeps what a case's check after
+    # the run grew it to (the local case's commit runs in a Python worker of its own).
+    cases = ["cluster", "local"] if args.cluster else ([] if args.no_hot else ["hot"]) + ["uniform"]
     sequenced = not args.no_sequence
     work = tempfile.mkdtemp(prefix="oncemore-upsert-")
     began = time.perf_counter()

@@ -22,6 +22,7 @@ deleted (vacuum removes those of a commit that did not land).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import partition_value_text
 from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile, key_batches
+
+log = logging.getLogger("oncemore")
 
 TASK_BYTES = 256 << 20  # touched files' bytes per task: a task's wall time, not its memory (it streams)
 INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
@@ -72,7 +75,9 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     on) by copy-on-write on the cluster, in one commit with the positions (module docstring);
     returns the outcome and the MERGE's metrics as delta-rs names them."""
     where = f"pipeline {pipeline}: {ledger.table_uri} version {table.version()}"
+    began = time.perf_counter()
     touched, owner = locate(table, changing, keys, where, cluster.storage_options)
+    located = time.perf_counter()
     upserts = pc.equal(changing.column(CHANGE_COLUMN), "upsert")
     held_key = pc.greater_equal(owner, 0)
     metrics = {"num_target_rows_inserted": pc.sum(pc.and_(upserts, pc.invert(held_key))).as_py() or 0,
@@ -86,7 +91,9 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     if not changing.num_rows:
         return commit(ledger, [], expected, new_positions, partitions, record), {}
     tasks = _tasks(table, changing, keys, touched, owner, cluster)
+    staged = time.perf_counter()
     results = cluster.run(tasks)
+    rewritten = time.perf_counter()
     files = [f for r in results for f in r.files]
     crashpoints.reach("rewritten")
     _check(results, tasks, files, ledger, where, cluster)
@@ -102,6 +109,10 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
                                                                     retries=0))
     except CommitFailedError as exc:
         return refused_commit(ledger, exc, record, read_version, expected, new_positions), {}
+    log.info("pipeline %s: the cluster MERGE located %d touched files in %.1fs, staged %d tasks' change rows in %.1fs, "
+             "rewrote in the Spark job %d rows read, %d dropped, %d added into %d files in %.1fs, committed in %.1fs",
+             pipeline, len(touched), located - began, len(tasks), staged - located, *(sum(getattr(r, n) for r in results)
+             for n in ("read", "dropped", "added")), len(files), rewritten - staged, time.perf_counter() - rewritten)
     return CommitOutcome("committed", version_of(ledger, record, read_version)), metrics
 
 
