@@ -294,8 +294,10 @@ def test_a_compacted_topic_lands_the_fold_of_what_the_cleaner_left(spark, broker
     assert accounted(pipeline, gapless=False) == len(first) + len(later)
 
 
-def test_a_column_added_to_the_row_follows_add_columns_and_old_rows_keep_theirs(spark, broker, topic, make_pipeline):
-    upsert = {"keys": ["id"]}
+@pytest.mark.parametrize("merge", MERGES)  # on the cluster, files written before the column gain it as NULL
+def test_a_column_added_to_the_row_follows_add_columns_and_old_rows_keep_theirs(merge, spark, broker, topic,
+                                                                                make_pipeline):
+    upsert = {"keys": ["id"], "merge": merge}
     broker.produce(topic, [(0, key(1), b'{"id": 1, "name": "a", "balance": 1}', None),
                            (0, key(2), b'{"id": 2, "name": "b", "balance": 2}', None)])
     pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},

@@ -49,7 +49,7 @@ from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile, key_
 
 log = logging.getLogger("oncemore")
 
-TASK_BYTES = 256 << 20  # touched files' bytes per task: a task's wall time, not its memory (it streams)
+TASK_BYTES = 1 << 30  # touched files' bytes per task at most, beyond one per slot: its wall time, not its memory (it streams)
 INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
 
 
@@ -66,6 +66,7 @@ class ClusterRewrite:
     run: Callable[[list[RewriteTask]], list[RewriteResult]]
     staging_uri: str
     storage_options: Mapping[str, str] | None = None
+    slots: int = 1  # tasks the cluster runs at once: the touched files are spread over at least as many
 
 
 def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], cluster: ClusterRewrite,
@@ -132,11 +133,12 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
     for add in adds:
         values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
         path = unquote(add["path"])  # the log's is URL-encoded; delta-rs's actions take it as stored
-        found = [rows.join(probe, list(keys), join_type="inner").column("_row").combine_chunks()
-                 for rows in key_batches(fs, f"{root}/{path}", keys, values, schema)]
-        rows_found = pa.concat_arrays(found).to_numpy() if found else np.empty(0, np.int64)
-        if not len(rows_found):
+        # One join per file: a join hashes ``probe`` (the part's change rows) each time.
+        stored = list(key_batches(fs, f"{root}/{path}", keys, values, schema))
+        found = pa.concat_tables(stored).join(probe, list(keys), join_type="inner").column("_row") if stored else None
+        if found is None or not len(found):
             continue
+        rows_found = found.to_numpy()
         unique, times = np.unique(rows_found, return_counts=True)
         twice = [*rows_found[owner[rows_found] != -1].tolist(), *unique[times > 1].tolist()]
         if twice:
@@ -149,16 +151,16 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
 
 def _tasks(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], touched: list[TouchedFile], owner: pa.Array,
            cluster: ClusterRewrite) -> list[RewriteTask]:
-    """The touched files grouped by bytes into tasks, the inserts spread over them, each task's
-    change rows staged (module docstring)."""
-    groups: list[list[int]] = []
-    size = 0
-    for index, touched_file in enumerate(touched):
-        if not groups or size + touched_file.size > TASK_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(index)
-        size += touched_file.size
+    """The touched files spread over the cluster's slots, or more tasks of about TASK_BYTES each
+    (the largest file first, to the task holding the fewest bytes), the inserts spread over them,
+    each task's change rows staged (module docstring)."""
+    total = sum(t.size for t in touched)
+    groups: list[list[int]] = [[] for _ in range(min(len(touched), max(cluster.slots, -(-total // TASK_BYTES))))]
+    sizes = [0] * len(groups)
+    for index in sorted(range(len(touched)), key=lambda i: -touched[i].size):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(index)
+        sizes[smallest] += touched[index].size
     inserts = pc.indices_nonzero(pc.less(owner, 0))
     count = max(len(groups), -(-len(inserts) // INSERT_ROWS_PER_TASK))
     groups += [[] for _ in range(count - len(groups))]

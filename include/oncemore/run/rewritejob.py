@@ -19,13 +19,15 @@ import pyarrow as pa
 from oncemore.commit.copyonwrite import ClusterRewrite
 from oncemore.commit.part import Part
 from oncemore.core.errors import TaskFailed, root_cause
+from oncemore.run.session import slots
 from oncemore.write.rewrite import RewriteResult, RewriteTask
 
 
 def cluster_rewrite(spark, part: Part, storage_options: Mapping[str, str] | None) -> ClusterRewrite:
     """How ``part``'s MERGE rewrites its touched files on ``spark``'s cluster; its change rows are
     staged beside the part's own (the staging area, removed with the part)."""
-    return ClusterRewrite(_job(spark, part, dict(storage_options or {})), f"{part.changes_uri}-rewrite", storage_options)
+    return ClusterRewrite(_job(spark, part, dict(storage_options or {})), f"{part.changes_uri}-rewrite", storage_options,
+                          slots(spark))
 
 
 def _job(spark, part: Part, storage_options: dict[str, str]) -> Callable[[list[RewriteTask]], list[RewriteResult]]:
