@@ -75,6 +75,8 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     """The part's ``changing`` rows applied to ``table`` (the snapshot merge.py classified them
     on) by copy-on-write on the cluster, in one commit with the positions (module docstring);
     returns the outcome and the MERGE's metrics as delta-rs names them."""
+    if not changing.num_rows:  # no event changes a row: the positions alone
+        return commit(ledger, [], expected, new_positions, partitions, record), {}
     where = f"pipeline {pipeline}: {ledger.table_uri} version {table.version()}"
     began = time.perf_counter()
     touched, owner = locate(table, changing, keys, where, cluster.storage_options)
@@ -89,8 +91,6 @@ def commit_rewrite(ledger: Ledger, table: DeltaTable, changing: pa.Table, keys: 
     if found != said:
         raise RewriteMiscount(f"{where}: the table's files hold keys for {found}, the events said {said}; nothing was "
                               "committed", found=found, said=said)
-    if not changing.num_rows:
-        return commit(ledger, [], expected, new_positions, partitions, record), {}
     tasks = _tasks(table, changing, keys, touched, owner, cluster)
     staged = time.perf_counter()
     results = cluster.run(tasks)

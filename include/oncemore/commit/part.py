@@ -85,6 +85,11 @@ class Part:
         return changes_uri(self.quarantine_uri, self.staging_id)
 
     @property
+    def merges_on_cluster(self) -> bool:
+        """An upsert whose MERGE is a Spark job (``upsert.merge: cluster``): the run commits it."""
+        return self.upsert is not None and self.upsert.merge == "cluster"
+
+    @property
     def staging_id(self) -> str:
         """The part's directory in the staging area (staging.py)."""
         return f"{self.run_id}-{self.batch_seq}-{self.started_ms}"

@@ -172,7 +172,7 @@ class DeltaSinkWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WrittenFiles | None]) -> None:
         staging = self._staging()
-        if self.part.upsert is not None and self.part.upsert.merge == "cluster":
+        if self.part.merges_on_cluster:
             # Its MERGE is a Spark job, which only the run can start: the run commits (commit_left).
             staging.put(LEFT_TO_RUN, json.dumps([m.__dict__ for m in messages if m]))
             return

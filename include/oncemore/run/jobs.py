@@ -104,7 +104,7 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
             if not staging.get(COMMIT_BEGUN):  # a task failed, or the commit failed before committing anything
                 raise task_failure(exc, pipeline.name, groups) from exc
             return _outcome(staging, pipeline, part, groups, root_cause(exc))
-        if part.upsert is not None and part.upsert.merge == "cluster":
+        if part.merges_on_cluster:
             from oncemore.run.rewritejob import cluster_rewrite
 
             return commit_left(part, staging, spec.table_schema, spec.storage_options,
