@@ -116,7 +116,9 @@ def _with_partition_values(rows: pa.Table, values: Mapping[str, str | None], sch
     """A file's rows with its partition columns (Delta keeps them in the log, not in the file)."""
     for column, text in values.items():
         kind = schema.field(column).type
-        value = pa.array([text], pa.string()).cast(kind)[0] if text is not None else pa.scalar(None, kind)
+        # A timestamp's text is in UTC without a zone (files.partition_value_text): parsed as such.
+        parsed = pa.timestamp(kind.unit) if pa.types.is_timestamp(kind) else kind
+        value = pa.array([text], pa.string()).cast(parsed).cast(kind)[0] if text is not None else pa.scalar(None, kind)
         rows = rows.append_column(pa.field(column, kind), pa.array([value.as_py()] * rows.num_rows, kind))
     return rows
 
