@@ -10,6 +10,7 @@ that does not add up, a file compacted away between the snapshot and the commit.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -232,3 +233,13 @@ def test_an_append_only_table_is_refused_on_the_cluster_before_any_commit(tmp_pa
         tables.apply([(1, "one", "upsert", 1, 0)])
     assert DeltaTable(tables.main).version() == 0 and DeltaTable(tables.tombstones).version() == 0
 
+
+
+def test_on_the_cluster_a_table_partitioned_by_a_timestamp_key_rewrites_the_files_of_its_partitions(tmp_path):
+    at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
+    later = at + timedelta(hours=1)
+    tables = Tables(tmp_path, pa.field("at", pa.timestamp("us", "UTC")), merge="cluster", partition_by=["at"])
+    tables.apply([(at, "one", "upsert", 1, 0), (later, "two", "upsert", 2, 1)])
+    _, counts = tables.apply([(at, "one-b", "upsert", 3, 2), (later, None, "delete", 4, 3)])
+    assert (counts["updated"], counts["deleted"]) == (1, 1) and tables.rows() == {at: "one-b"}
+    assert len(unreferenced(tables.main)) == 2  # both partitions' files were rewritten (the second to nothing)
