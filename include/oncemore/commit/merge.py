@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, held, merge
-from oncemore.commit.copyonwrite import ClusterRewrite, commit_rewrite
+from oncemore.commit.copyonwrite import ClusterRewrite, commit_rewrite, rewrite_part
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.sequencing import check_sequence
 from oncemore.commit.tablefeatures import check_rewritable
@@ -293,8 +293,9 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
           cluster: ClusterRewrite | None = None) -> tuple[CommitOutcome, dict[str, int]]:
     """The part's ``changes`` (reduce_changes: before any commit of the part) applied: its
     tombstones commit (sequence_by), then its main commit, a delta-rs MERGE here or, given
-    ``cluster``, a copy-on-write on it (copyonwrite.py); returns the main outcome and the counts
-    (module docstring)."""
+    ``cluster``, a copy-on-write on it (copyonwrite.py: rewritten and checked before the
+    tombstones commit, so that its refusal commits nothing); returns the main outcome and the
+    counts (module docstring)."""
     table = ledger.snapshot()
     if held(ledger, table, expected, new_positions):
         return CommitOutcome("already_committed", None), changes.counts
@@ -322,15 +323,17 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
             changing = pa.concat_tables([ups, changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "delete"))])
     counts_record = replace(record, records={**record.records, **counts},
                             stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))
+    # The cluster's rewrite is done and checked before the part's first commit: a refusal commits nothing.
+    rewritten = rewrite_part(table, changing, spec.keys, cluster, counts, record, pipeline) if cluster else None
     if spec.sequenced and decision.kept.num_rows:
         keep_deletes(tombstones, decision.kept, new_positions, partitions, counts_record)
         crashpoints.reach("tombstones_committed")
-    if cluster is None:
+    if rewritten is None:
         outcome, metrics = merge(ledger, table, changing, on_keys(spec.keys), _main_clauses, expected, new_positions,
                                  partitions, counts_record, MERGE_MEMORY_BYTES)
     else:
-        outcome, metrics = commit_rewrite(ledger, table, changing, spec.keys, cluster, counts, expected, new_positions,
-                                          partitions, counts_record, pipeline)
+        outcome, metrics = commit_rewrite(ledger, table, rewritten, expected, new_positions, partitions, counts_record,
+                                          pipeline)
     if outcome.status == "committed" and metrics:  # none when a retried commit was found to be ours
         found = {"inserted": metrics.get("num_target_rows_inserted"), "updated": metrics.get("num_target_rows_updated"),
                  "deleted": metrics.get("num_target_rows_deleted")}
