@@ -15,9 +15,10 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
-from deltalake.transaction import RemoveAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from oncemore.commit import copyonwrite
 from oncemore.commit.copyonwrite import (DELTA_RS_PATH_SAFE, ClusterRewrite, RemoveMissed, RewriteMiscount,
@@ -288,6 +289,25 @@ def test_on_the_cluster_a_removed_file_left_live_fails_the_part_loudly(tmp_path,
     monkeypatch.setattr(copyonwrite, "quote", lambda path, safe: path.replace("%C3%A9", "é"))
     with pytest.raises(RemoveMissed, match=r"pipeline p \(t/0 offsets \[1, 2\)\).* version 2: .*left id=é/"):
         tables.apply([("é", "one-b", "upsert", None, 1)])
+
+
+def test_on_the_cluster_a_file_holding_its_partition_column_takes_the_logs_value(tmp_path):
+    """delta-spark writes a partition column into the file too."""
+    tables = Tables(tmp_path, pa.field("id", pa.string()), sequenced=False, merge="cluster", partition_by=["id"])
+    rows = pa.table({"id": ["k", "k2"], "v": ["one", "two"], "blob": [None, None], "_kafka_topic": ["t", "t"],
+                     "_kafka_partition": [0, 0], "_kafka_offset": [0, 1], "_kafka_timestamp": [None, None]},
+                    schema=tables.schema)
+    table = DeltaTable(tables.main)
+    adds = []
+    for key in ("k", "k2"):
+        Path(tables.main, f"id={key}").mkdir()
+        pq.write_table(rows.filter(pa.compute.equal(rows.column("id"), key)), f"{tables.main}/id={key}/spark.parquet")
+        adds.append(AddAction(f"id={key}/spark.parquet", Path(tables.main, f"id={key}/spark.parquet").stat().st_size,
+                              {"id": key}, 1, True, None))
+    table.create_write_transaction(adds, mode="append", schema=table.schema(), partition_by=["id"])
+    tables.ends[0] = 2
+    _, counts = tables.apply([("k", "one-b", "upsert", None, 2), ("k2", None, "delete", None, 3)])
+    assert (counts["updated"], counts["deleted"]) == (1, 1) and tables.rows() == {"k": "one-b"}
 
 
 def test_a_refused_rewrite_under_sequence_by_commits_no_tombstone_and_names_the_part(tmp_path):

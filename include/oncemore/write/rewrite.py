@@ -113,7 +113,9 @@ def key_batches(fs, path: str, keys: tuple[str, ...], partition_values: Mapping[
 
 
 def _with_partition_values(rows: pa.Table, values: Mapping[str, str | None], schema: pa.Schema) -> pa.Table:
-    """A file's rows with its partition columns (Delta keeps them in the log, not in the file)."""
+    """A file's rows with its partition columns as the log's partition values say (Delta keeps
+    them in the log; delta-spark writes them in the file too, and the log's are authoritative)."""
+    rows = rows.drop_columns([c for c in values if c in rows.column_names])
     for column, text in values.items():
         kind = schema.field(column).type
         # A timestamp's text is in UTC without a zone (files.partition_value_text): parsed as such.
