@@ -316,7 +316,8 @@ def test_a_refused_rewrite_under_sequence_by_commits_no_tombstone_and_names_the_
     held_version = DeltaTable(tables.tombstones).version()
     tables.run_rewrite = lambda tasks: [RewriteResult(r.read, r.dropped - 1, r.added, r.files)
                                         for r in in_process(tasks)]
-    with pytest.raises(RewriteMiscount, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .*nothing was committed$"):
+    with pytest.raises(RewriteMiscount, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .*nothing was committed to the "
+                                              r"table or its tombstones table$"):
         tables.apply([(2, None, "delete", 3, 2)])
     assert DeltaTable(tables.tombstones).version() == held_version and tables.held() == {}
     assert tables.rows() == {1: "one", 2: "two"}

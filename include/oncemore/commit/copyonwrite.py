@@ -59,7 +59,7 @@ INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
 
 
 class RewriteMiscount(OncemoreError):
-    """The cluster's rewrite of an upsert part does not add up: nothing was committed."""
+    """The cluster's rewrite of an upsert part does not add up: the MERGE commits nothing."""
 
 
 class UnremovableFile(OncemoreError):
@@ -71,6 +71,8 @@ class UnremovableFile(OncemoreError):
 class RemoveMissed(OncemoreError):
     """A cluster MERGE's commit left a file it removed live in the table: a key is on two rows."""
 
+
+NOTHING = "nothing was committed to the table or its tombstones table"  # a refusal comes before both commits
 
 # What delta-rs (1.6) leaves unescaped in a remove action's path; it escapes every other
 # character, a '%' included, of the path it is given (checked by test_merge).
@@ -124,8 +126,8 @@ def rewrite_part(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], c
     said = {k: counts[k] for k in ("inserted", "updated", "deleted")}
     found = {k: metrics[f"num_target_rows_{k}"] for k in said}
     if found != said:
-        raise RewriteMiscount(f"{where}: the table's files hold keys for {found}, the events said {said}; nothing was "
-                              "committed", found=found, said=said)
+        raise RewriteMiscount(f"{where}: the table's files hold keys for {found}, the events said {said}; {NOTHING}",
+                              found=found, said=said)
     tasks, staged_upserts = _tasks(table, changing, keys, touched, owner, cluster)
     staged = time.perf_counter()
     results = cluster.run(tasks)
@@ -205,12 +207,12 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
         twice = [*rows_found[owner[rows_found] != -1].tolist(), *unique[times > 1].tolist()]
         if twice:
             raise RewriteMiscount(f"{where}: key {changing.select(list(keys)).slice(twice[0], 1).to_pylist()[0]} is "
-                                  "on two rows of the table; nothing was committed", row=twice[0])
+                                  f"on two rows of the table; {NOTHING}", row=twice[0])
         if quote(path, safe=DELTA_RS_PATH_SAFE) != add["path"]:
             raise UnremovableFile(
                 f"{where}: file {add['path']} holds a changed key, and its path is escaped in the log otherwise than "
-                "delta-rs writes a remove (another writer added it): its rewrite would leave it live; nothing was "
-                "committed; run the part with upsert.merge local, or compact the table (oncemore maintain) first",
+                f"delta-rs writes a remove (another writer added it): its rewrite would leave it live; {NOTHING}; "
+                "run the part with upsert.merge local, or compact the table (oncemore maintain) first",
                 path=add["path"])
         owner[rows_found] = len(touched)
         touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
@@ -265,18 +267,18 @@ def _check(results: list[RewriteResult], tasks: list[RewriteTask], upserts: list
             wrong = True
     if wrong:
         delete_files(table.table_uri, files, cluster.storage_options)
-        per_task = "; ".join(f"task {n}: read {r.read}, dropped {r.dropped} (keys held {sum(f.keys_held for f in t.files)}"
-                             f"), added {r.added} (upserts staged {u}), wrote {sum(f.num_records for f in r.files)}"
-                             for n, (t, r, u) in enumerate(zip(tasks, results, upserts)))
+        per_task = "; ".join(f"task {n}: read {r.read}, dropped {r.dropped} (keys held "
+                             f"{sum(f.keys_held for f in t.files)}), added {r.added} (upserts staged {u}), wrote "
+                             f"{sum(f.num_records for f in r.files)}" for n, (t, r, u) in enumerate(zip(tasks, results, upserts)))
         raise RewriteMiscount(f"{where}: the rewrite of {sum(len(t.files) for t in tasks)} files in {len(tasks)} tasks "
                               f"({len(results)} reported) does not add up ({per_task}; inserts and updates {changed}); "
-                              "nothing was committed", tasks=len(tasks), reported=len(results))
+                              f"{NOTHING}", tasks=len(tasks), reported=len(results))
     try:
         validate_files(table.table_uri, files, pa.schema(table.schema().to_arrow()),
                        table.metadata().partition_columns, None, cluster.storage_options)
     except InvalidDataFile as exc:
         delete_files(table.table_uri, files, cluster.storage_options)
-        raise InvalidDataFile(f"{where}: {exc}; nothing was committed", **exc.evidence) from exc
+        raise InvalidDataFile(f"{where}: {exc}; {NOTHING}", **exc.evidence) from exc
 
 
 __all__ = ["ClusterRewrite", "RemoveMissed", "RewriteMiscount", "Rewritten", "UnremovableFile", "commit_rewrite",
