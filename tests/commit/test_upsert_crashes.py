@@ -23,11 +23,13 @@ def commits(pipeline) -> tuple[int, int, int]:
 
 # (merge, step, oncemore commits in (main, quarantine, tombstones) right after the crash)
 # planned and written are as on the append path (tests/run/test_crashes.py): nothing of the part is there yet.
-# upsert.merge cluster (test_upsert.py's MERGES) adds a step: the touched files rewritten, not yet committed.
+# upsert.merge cluster (test_upsert.py's MERGES) adds a step: the touched files rewritten (and checked), before
+# the part's tombstones and main commits. A cluster case costs about a minute on 2 cores, so cluster runs only
+# the steps its own code reaches: validated and quarantine_committed come before the MERGE (commit/part.py, shared
+# code: the local cases cover them).
 STEPS = [("local", "validated", (0, 0, 0)), ("local", "quarantine_committed", (0, 1, 0)),
          ("local", "tombstones_committed", (0, 1, 1)), ("local", "main_committed", (1, 1, 1)),
-         ("cluster", "validated", (0, 0, 0)), ("cluster", "quarantine_committed", (0, 1, 0)),
-         ("cluster", "tombstones_committed", (0, 1, 1)), ("cluster", "rewritten", (0, 1, 1)),
+         ("cluster", "rewritten", (0, 1, 0)), ("cluster", "tombstones_committed", (0, 1, 1)),
          ("cluster", "main_committed", (1, 1, 1))]
 
 

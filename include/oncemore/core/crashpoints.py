@@ -15,10 +15,11 @@ a pipeline's config or on a command line can set it. The steps of a run, in orde
   routes: before the route tables' commits; commit/routed.py).
 - ``route_committed``: there, a route table's commit made, before the next route table's (or,
   after the last, the outcome reaching the run).
+- ``rewritten``: the run's process, an upsert part whose MERGE runs on the cluster
+  (commit/copyonwrite.py): the touched files rewritten by the cluster's tasks, before the
+  tombstones and main commits.
 - ``tombstones_committed``: there, an upsert part's deletes kept in its tombstones table
   (commit/merge.py), before the main MERGE.
-- ``rewritten``: the run's process, an upsert part whose MERGE runs on the cluster
-  (commit/copyonwrite.py): the touched files rewritten by the cluster's tasks, before the main commit.
 - ``main_committed``: there, the main commit made, before the outcome reaches the run.
 - ``mirrored``: the run's process, a batch's positions mirrored to the consumer group.
 
