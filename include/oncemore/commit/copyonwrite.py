@@ -212,7 +212,8 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
             raise UnremovableFile(
                 f"{where}: file {add['path']} holds a changed key, and its path is escaped in the log otherwise than "
                 f"delta-rs writes a remove (another writer added it): its rewrite would leave it live; {NOTHING}; "
-                "run the part with upsert.merge local, or compact the table (oncemore maintain) first",
+                "run the part with upsert.merge local, or compact the table (oncemore maintain) first: compaction "
+                "rewrites a file only beside other small files of its partition",
                 path=add["path"])
         owner[rows_found] = len(touched)
         touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
