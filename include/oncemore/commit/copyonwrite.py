@@ -212,8 +212,9 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
             raise UnremovableFile(
                 f"{where}: file {add['path']} holds a changed key, and its path is escaped in the log otherwise than "
                 f"delta-rs writes a remove (another writer added it): its rewrite would leave it live; {NOTHING}; "
-                "run the part with upsert.merge local, or compact the table (oncemore maintain) first: compaction "
-                "rewrites a file only beside other small files of its partition",
+                "compact the table (oncemore maintain: delta-rs's compaction removes the file by its stored path) "
+                "first; it rewrites a file only beside other small files of its partition (upsert.merge local "
+                "would leave it live too, docs/upserts.md)",
                 path=add["path"])
         owner[rows_found] = len(touched)
         touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
