@@ -177,8 +177,8 @@ def _removed(ledger: Ledger, touched: list[TouchedFile], version: int | None, wh
     left = sorted(unquote(t.path) for t in touched if unquote(t.path) in live)
     if left:
         raise RemoveMissed(f"{where} version {version}: the cluster MERGE's commit left {left[0]} live with its "
-                           "rewrite (keys on two rows): restore the version before it, then run with upsert.merge "
-                           "local", version=version, path=left[0])
+                           "rewrite (keys on two rows): restore the version before it, then compact the table (oncemore "
+                           "maintain) before the next run", version=version, path=left[0])
 
 
 def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: str,
