@@ -87,6 +87,35 @@ def test_ctrl_c_mid_run_says_in_one_line_what_was_committed_and_the_rerun_is_exa
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
+def test_an_error_raised_while_a_ctrl_c_unwinds_is_the_interrupt(tmp_path):
+    # What CI caught once: py4j shut the gateway connection the Ctrl-C interrupted, and PySpark's
+    # call-site reset on the way out (SCCallSiteSync.__exit__) raised a network error in its place.
+    from argparse import Namespace
+
+    from py4j.protocol import Py4JNetworkError
+
+    from oncemore.cli import _spark_for
+    from oncemore.run.jobs import task_failure
+
+    def job_ended_by_ctrl_c():
+        try:
+            try:
+                raise KeyboardInterrupt
+            finally:
+                raise Py4JNetworkError("Answer from Java side is empty")
+        except Exception as exc:  # how the run wraps a failed job
+            raise task_failure(exc, "orders", [[]]) from exc
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with _spark_for("orders", Namespace(verbose=True, remote=None, master=None)):
+            job_ended_by_ctrl_c()
+    assert "Answer from Java side is empty" in str(raised.value.__cause__)
+    # Any other failure is still the failure it is.
+    with pytest.raises(Py4JNetworkError):
+        with _spark_for("orders", Namespace(verbose=True, remote=None, master=None)):
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+
 def test_plan_prints_ranges(broker, topic, make_pipeline):
     broker.produce(topic, orders(0, 30))
     pipeline = make_pipeline(topic)

@@ -24,7 +24,7 @@ from oncemore.config.model import Pipeline, json_schema
 from oncemore.config.values import ConfigError, OffsetBound
 from oncemore.core import crashpoints
 from oncemore.core.coordinates import nested
-from oncemore.core.errors import OncemoreError, root_cause
+from oncemore.core.errors import OncemoreError, interrupted_by, root_cause
 from oncemore.core.stopwatch import as_table
 from oncemore.kafka.clients import CLIENT_LOG, KafkaReadError, KafkaSourceError
 from oncemore.plan.planner import Plan, describe, plan_run
@@ -189,18 +189,16 @@ def _until(text: str) -> OffsetBound:
 
 @contextmanager
 def _spark_for(name: str, args) -> Iterator[Callable]:
-    """A factory of the command's Spark session (``--master``/``--remote``), started at its first
-    call, the same session after; stopped (a Connect one kept for the next run) at the end. Spark's
-    own output (JVM start-up warnings, its console log, PySpark's JSON error logs, Python warnings
-    of its libraries) goes to a file named after ``name`` unless --verbose, named if the command
-    fails: the terminal shows oncemore's lines. Files older than LOG_DAYS are removed."""
+    """A factory of the command's Spark session (``--master``/``--remote``), started at its first call,
+    the same after; stopped (a Connect one kept for the next run) at the end. Spark's own output (JVM
+    warnings, its log, PySpark's JSON error logs, its libraries' Python warnings) goes to a file named
+    after ``name`` unless --verbose, named if the command fails. Files older than LOG_DAYS go."""
     spark_log = None if args.verbose else _log_file(name)
     if spark_log is not None:
         warnings_log = logging.getLogger("py.warnings")
         warnings_log.addHandler(logging.FileHandler(spark_log, delay=True))  # no file for a run without warnings
         warnings_log.propagate = False
         logging.captureWarnings(True)
-
     if args.remote and ";token=" in args.remote.lower():
         raise ConfigError("<command line>", "--remote", "carries a token, which every user's process list shows: "
                                                         "put the URL in SPARK_REMOTE instead")
@@ -222,11 +220,13 @@ def _spark_for(name: str, args) -> Iterator[Callable]:
     interrupted = False
     try:
         yield spark
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
-    except Exception:
-        if spark_log is not None and spark_log.exists():
+    except (Exception, KeyboardInterrupt) as exc:
+        # On a Ctrl-C's way out PySpark resets its call site through the gateway connection py4j has
+        # just shut, and that error takes the interrupt's place: it is the interrupt all the same.
+        interrupted = interrupted_by(exc)
+        if interrupted and not isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt from exc
+        if not interrupted and spark_log is not None and spark_log.exists():
             print(f"oncemore: Spark's output is in {spark_log}", file=sys.stderr)
         raise
     finally:

@@ -137,6 +137,19 @@ def error_from_json(text: str) -> OncemoreError | None:
     return found(data["message"], **data["evidence"]) if found else None
 
 
+def interrupted_by(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or was raised while one unwound (its cause or context holds it)."""
+    chain, seen = [exc], set()
+    while chain:
+        link = chain.pop()
+        if isinstance(link, KeyboardInterrupt):
+            return True
+        if link is not None and id(link) not in seen:
+            seen.add(id(link))
+            chain += [link.__cause__, link.__context__]
+    return False
+
+
 def root_cause(exc: BaseException) -> str:
     """One line for an exception, digging the cause out of a Spark job failure: the Python error
     a task raised, else why its Python worker could not start, else the failure Spark reports for
