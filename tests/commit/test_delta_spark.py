@@ -393,3 +393,42 @@ def test_rows_deleted_by_delta_spark_are_named_by_verify_and_ingestion_goes_on(b
             for d in report.discrepancies] == [
         (topic, 1, f"offset(s) 8 of {topic}/1 are in Kafka and in neither table"),
         (topic, 2, f"offset(s) 7, 8 of {topic}/2 are in Kafka and in neither table")], report.describe()
+
+
+def test_a_file_delta_spark_wrote_under_a_non_ascii_partition_is_never_removed_by_delta_rs_until_rewritten(
+        broker, topic, make_pipeline, delta):
+    """delta-spark spells such a path raw in its log (customer=é), delta-rs spells a remove's
+    customer=%C3%A9: its delete, compaction and MERGE left the file live beside its rewrite, and
+    said they had removed it (delta-kernel-rs issue 2423). oncemore refuses them, naming the file;
+    delta-spark's rewrite under random prefixes (the way out the refusal names) lets them go on."""
+    from oncemore.commit.removable import UnremovableFile, unremovable
+
+    produced = broker.produce(topic, [(i % 3, str(i).encode(), json.dumps(
+        {"id": i, "customer": "é" if i % 2 else "e", "amount": 1.0}).encode(), None) for i in range(40)])
+    pipeline = make_pipeline(topic, sink={"partition_by": ["customer"]})
+    path = pipeline.sink.table_uri
+    ingest(pipeline, delta)
+    delta.sql(f"OPTIMIZE delta.`{path}` WHERE customer = 'é' ZORDER BY (id)").collect()
+    assert [add["path"].split("/")[0] for add in unremovable(DeltaTable(path))] == ["customer=é"]
+    ids = {(i % 3, i // 3): i for i in range(40)}  # record i at partition i % 3, offset i // 3 (a new topic)
+    assert set(ids) == set(produced)
+
+    with pytest.raises(UnremovableFile, match=r"^pipeline orders: delete --where .* file customer=é/.* holds a "
+                                              r"matched row.*nothing was deleted from it.*randomizeFilePrefixes"):
+        delete(pipeline, "customer = 'é' AND id < 10")
+    assert delete(pipeline, "customer = 'e' AND id < 10")["tables"]["main"]["rows"] == 5  # delta-rs's own files
+    with pytest.raises(UnremovableFile, match=r"^pipeline orders: maintain: main table .*: file customer=é/.*"
+                                              r"checkpointed and vacuumed only .*randomizeFilePrefixes"):
+        maintain(pipeline)
+    kept = [pair for pair in produced if not (ids[pair] < 10 and ids[pair] % 2 == 0)]
+    assert_exactly_once(read_pairs(path), kept)
+    assert_exactly_once(spark_pairs(delta, path), kept)
+
+    delta.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.randomizeFilePrefixes' = 'true')")
+    delta.sql(f"OPTIMIZE delta.`{path}` WHERE customer = 'é' ZORDER BY (id)").collect()
+    assert unremovable(DeltaTable(path)) == []
+    assert maintain(pipeline)["tables"]["main"]["status"] == "maintained"
+    assert delete(pipeline, "customer = 'é' AND id < 10")["tables"]["main"]["rows"] == 5
+    kept = [pair for pair in kept if ids[pair] >= 10]
+    assert_exactly_once(read_pairs(path), kept)
+    assert_exactly_once(spark_pairs(delta, path), kept)

@@ -20,10 +20,10 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from oncemore.commit import copyonwrite
-from oncemore.commit.copyonwrite import (DELTA_RS_PATH_SAFE, ClusterRewrite, RemoveMissed, RewriteMiscount,
-                                         UnremovableFile)
+from oncemore.commit import removable
+from oncemore.commit.copyonwrite import ClusterRewrite, RemoveMissed, RewriteMiscount
 from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
+from oncemore.commit.removable import DELTA_RS_PATH_SAFE, UnremovableFile
 from oncemore.core.columns import CHANGE_COLUMN, METADATA_FIELDS, SEQUENCE_FIELD, tombstones_schema
 from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.errors import CommitConflict, InvalidDataFile, UnsupportedTable
@@ -260,35 +260,48 @@ def test_delta_rs_escapes_a_remove_actions_path_as_the_cluster_path_expects(tmp_
     assert [a["remove"]["path"] for a in log if "remove" in a] == [quote(p, safe=DELTA_RS_PATH_SAFE) for p in paths]
 
 
-def foreign_table(tmp_path, escaped) -> Tables:
-    """A table partitioned by its key whose one file, key "é", another writer added: its log path
-    escaped by ``escaped``."""
+def foreign_table(tmp_path, escaped, merge: str = "cluster") -> Tables:
+    """A table partitioned by its key whose file of key "é" another writer added, in directory
+    ``id=é``, its log path escaped by ``escaped``, beside a file of key "a" delta-rs added."""
     tables = Tables(tmp_path, pa.field("id", pa.string()), sequenced=False, merge="cluster", partition_by=["id"])
-    tables.apply([("é", "one", "upsert", None, 0)])
+    tables.apply([("é", "one", "upsert", None, 0)])  # the cluster's writer: in id=é, its log path id=%C3%A9
+    tables.merge = merge
     log = Path(tables.main, "_delta_log", f"{1:020d}.json")
     actions = [json.loads(line) for line in log.read_text().splitlines()]
     for action in actions:
         if "add" in action:
             action["add"]["path"] = escaped(action["add"]["path"])
     log.write_text("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in actions))
+    tables.apply([("a", "two", "upsert", None, 1)])
     return tables
 
 
-def test_on_the_cluster_a_file_whose_path_another_writer_escaped_otherwise_is_refused_before_any_commit(tmp_path):
-    tables = foreign_table(tmp_path, lambda path: path.replace("%C3%A9", "é"))  # as delta-spark writes it
-    with pytest.raises(UnremovableFile, match=r"pipeline p \(t/0 offsets \[1, 2\)\).*file id=é/.*"
-                                              r"oncemore maintain.*upsert.merge local would leave it live"):
-        tables.apply([("é", "one-b", "upsert", None, 1)])
-    assert DeltaTable(tables.main).version() == 1 and tables.rows() == {"é": "one"}
-    assert Ledger(tables.main, "p").positions([PARTITION])[PARTITION] == 1
+def as_delta_spark_writes(path: str) -> str:
+    return path.replace("%C3%A9", "é")
+
+
+@MERGES
+def test_a_changed_key_in_a_file_whose_path_another_writer_spelled_otherwise_is_refused_before_any_commit(tmp_path,
+                                                                                                         merge):
+    """delta-rs's own MERGE (the local path) left the old row live beside the new one, and said updated: 1."""
+    tables = foreign_table(tmp_path, as_delta_spark_writes, merge)
+    with pytest.raises(UnremovableFile, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .* version 2: file id=é/.*"
+                                              r"would leave it live.*nothing was committed.*randomizeFilePrefixes"):
+        tables.apply([("é", "one-b", "upsert", None, 2)])
+    assert DeltaTable(tables.main).version() == 2 and tables.rows() == {"é": "one", "a": "two"}
+    assert Ledger(tables.main, "p").positions([PARTITION])[PARTITION] == 2
+    # The keys in files delta-rs can remove go on.
+    _, counts = tables.apply([("a", "two-b", "upsert", None, 2), ("b", "new", "upsert", None, 3)])
+    assert (counts["updated"], counts["inserted"]) == (1, 1)
+    assert tables.rows() == {"é": "one", "a": "two-b", "b": "new"}
 
 
 def test_on_the_cluster_a_removed_file_left_live_fails_the_part_loudly(tmp_path, monkeypatch):
     """The refusal above disabled: the commit's remove misses the file, and the run says so."""
-    tables = foreign_table(tmp_path, lambda path: path.replace("%C3%A9", "é"))
-    monkeypatch.setattr(copyonwrite, "quote", lambda path, safe: path.replace("%C3%A9", "é"))
-    with pytest.raises(RemoveMissed, match=r"pipeline p \(t/0 offsets \[1, 2\)\).* version 2: .*left id=é/"):
-        tables.apply([("é", "one-b", "upsert", None, 1)])
+    tables = foreign_table(tmp_path, as_delta_spark_writes)
+    monkeypatch.setattr(removable, "quote", lambda path, safe: path.replace("%C3%A9", "é"))
+    with pytest.raises(RemoveMissed, match=r"pipeline p \(t/0 offsets \[2, 3\)\).* version 3: .*left id=é/"):
+        tables.apply([("é", "one-b", "upsert", None, 2)])
 
 
 def test_on_the_cluster_a_file_holding_its_partition_column_takes_the_logs_value(tmp_path):

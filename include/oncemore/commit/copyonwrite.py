@@ -12,8 +12,8 @@ keys' rows and adds the upserts; each task's rows must add up (rows read - rows 
 added = rows written, the rows dropped are exactly the keys located in its files, the rows added
 its staged upserts) and the new files be whole, or nothing is committed (all this runs before the
 part's tombstones commit) and the new files are deleted. A touched file whose log path another
-writer escaped otherwise than delta-rs escapes a remove's is refused before anything is written
-(its remove would not cancel its add), and after the commit no removed file may be live (paths
+writer spelled otherwise than delta-rs spells a remove's is refused before anything is written
+(removable.py: its remove would not cancel its add), and after the commit no removed file may be live (paths
 compared decoded). The commit lands on the snapshot the part was
 classified on or not at all (no retry): delta-rs's conflict check lets a commit remove a file a
 concurrent commit removed already (an OPTIMIZE, a racing run; delta-rs 1.6.6), which would keep
@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Mapping
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from oncemore.commit.committer import (CommitOutcome, commit, delete_files, properties, refused_commit,
                                        validate_files, version_of)
+from oncemore.commit.removable import SPELLED, WAY_OUT, UnremovableFile, delta_rs_spelling
 from oncemore.core import crashpoints
 from oncemore.core.columns import CHANGE_COLUMN, schema_text
 from oncemore.core.errors import InvalidDataFile, OncemoreError
@@ -62,21 +63,12 @@ class RewriteMiscount(OncemoreError):
     """The cluster's rewrite of an upsert part does not add up: the MERGE commits nothing."""
 
 
-class UnremovableFile(OncemoreError):
-    """A touched file's path is stored in the log otherwise than delta-rs writes a remove action's
-    (another writer encoded it): its remove would not cancel its add, keeping both its rows and
-    their rewrite."""
-
-
 class RemoveMissed(OncemoreError):
     """A cluster MERGE's commit left a file it removed live in the table: a key is on two rows."""
 
 
 NOTHING = "nothing was committed to the table or its tombstones table"  # a refusal comes before both commits
-
-# What delta-rs (1.6) leaves unescaped in a remove action's path; it escapes every other
-# character, a '%' included, of the path it is given (checked by test_merge).
-DELTA_RS_PATH_SAFE = "/!$&'()+,:;=@"
+UNREMOVABLE = f"file {{path}} holds a changed key, and {SPELLED}: the MERGE would leave it live beside its rewrite"
 
 
 @dataclass(frozen=True)
@@ -208,14 +200,9 @@ def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: 
         if twice:
             raise RewriteMiscount(f"{where}: key {changing.select(list(keys)).slice(twice[0], 1).to_pylist()[0]} is "
                                   f"on two rows of the table; {NOTHING}", row=twice[0])
-        if quote(path, safe=DELTA_RS_PATH_SAFE) != add["path"]:
-            raise UnremovableFile(
-                f"{where}: file {add['path']} holds a changed key, and its path is escaped in the log otherwise than "
-                f"delta-rs writes a remove (another writer added it): its rewrite would leave it live; {NOTHING}; "
-                "compact the table (oncemore maintain: delta-rs's compaction removes the file by its stored path) "
-                "first; it rewrites a file only beside other small files of its partition (upsert.merge local "
-                "would leave it live too, docs/upserts.md)",
-                path=add["path"])
+        if delta_rs_spelling(add["path"]) != add["path"]:
+            raise UnremovableFile(f"{where}: {UNREMOVABLE.format(path=add['path'])}; {NOTHING}; {WAY_OUT}",
+                                  path=add["path"])
         owner[rows_found] = len(touched)
         touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
     return touched, pa.array(owner)

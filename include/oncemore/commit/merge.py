@@ -29,7 +29,8 @@ ones that change a row (none: a commit of the positions alone, committer.merge),
 are checked against the classification. ``upsert.merge`` says where it runs: ``local``, delta-rs's
 MERGE in this process; ``cluster``, a copy-on-write of the touched files by the cluster's tasks,
 committed by delta-rs with the positions in one commit (copyonwrite.py). The classification and
-the counts are the same either way.
+the counts are the same either way, and either way a changed key in a file delta-rs cannot remove
+(removable.py) refuses the part before its first commit.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, held, merge
-from oncemore.commit.copyonwrite import ClusterRewrite, commit_rewrite, rewrite_part
+from oncemore.commit.copyonwrite import NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
+from oncemore.commit.removable import WAY_OUT, UnremovableFile, holding, unremovable
 from oncemore.commit.sequencing import check_sequence
 from oncemore.commit.tablefeatures import check_rewritable
 from oncemore.commit.tombstones import MERGE_MEMORY_BYTES, keep_deletes, on_keys
@@ -323,6 +325,12 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
             changing = pa.concat_tables([ups, changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "delete"))])
     counts_record = replace(record, records={**record.records, **counts},
                             stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))
+    if cluster is None:  # delta-rs's MERGE would leave such a file live and say nothing (the cluster's locate refuses it)
+        found = holding(table, unremovable(table), list(spec.keys), changing, ledger.storage_options)
+        if found:
+            where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
+            raise UnremovableFile(f"{where}: {UNREMOVABLE.format(path=found[0]['path'])}; {NOTHING}; {WAY_OUT}",
+                                  path=found[0]["path"])
     # The cluster's rewrite is done and checked before the part's first commit: a refusal commits nothing.
     rewritten = rewrite_part(table, changing, spec.keys, cluster, counts, record, pipeline) if cluster else None
     if spec.sequenced and decision.kept.num_rows:

@@ -5,7 +5,8 @@ each table's commit recording the offsets of the rows it removed (commitinfo.Del
 Invariant: a deletion's record names exactly the rows its commit removed. They are found on the
 snapshot the deletion rewrites, and the deletion is pinned to them (the predicate AND their
 offsets), so a row committed meanwhile is never removed unrecorded; a concurrent commit touching
-the same files makes delta-rs refuse ours, and it is tried again on the new snapshot. A deletion
+the same files makes delta-rs refuse ours, and it is tried again on the new snapshot; one that
+would remove a file delta-rs cannot remove (commit/removable.py) is refused. A deletion
 moves no position and runs beside ingestion. The quarantine table is deleted from where the
 predicate names its columns (``_kafka_*``, ``key``, ``error``); elsewhere it is left as it is, and
 the result says so.
@@ -20,6 +21,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError
 
+from oncemore.commit.removable import SPELLED, WAY_OUT, UnremovableFile, holding, unremovable
 from oncemore.config.model import Pipeline
 from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_TAG, TOPIC_COLUMN
 from oncemore.core.coordinates import KafkaPartition, nested
@@ -98,6 +100,13 @@ def _delete(pipeline: Pipeline, optional: bool, uri: str, table: DeltaTable | No
         # its query engine (a DECIMAL literal is coerced to the column's scale there), and the record
         # must name exactly the rows removed. Rows sharing a matched row's offsets were not all matched.
         pinned = _pinned(spans)
+        foreign = holding(table, unremovable(table), [TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN], matched,
+                          pipeline.sink.storage_options)
+        if foreign:  # delta-rs's delete would leave it live beside its rewrite: the matched rows stay, the others twice
+            raise UnremovableFile(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: file "
+                                  f"{foreign[0]['path']} holds a matched row, and {SPELLED}: the delete would leave it "
+                                  f"live beside its rewrite; nothing was deleted from it; {WAY_OUT}",
+                                  table_uri=uri, path=foreign[0]["path"])
         at_offsets = _matching(table, pinned).num_rows
         if at_offsets != matched.num_rows:
             raise DeleteRefused(f"pipeline {pipeline.name}: delete --where {where!r} on {uri}: {at_offsets} rows hold "

@@ -13,7 +13,9 @@ VACUUM_RETENTION_FLOOR_HOURS: an ingestion writes its files before it commits th
 batch still reading must find them when it commits (the committer checks they exist). Forgetting
 tombstones rewrites files a batch's tombstones MERGE may read: whichever commits second is
 refused (a run's with CommitConflict, its next run carries on; maintain's is tried again on the
-new snapshot), and the txn actions are untouched either way.
+new snapshot), and the txn actions are untouched either way. A table holding a file delta-rs
+cannot remove (commit/removable.py) is neither compacted nor rid of tombstones, and the command
+fails naming it once every table is done.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 from deltalake.exceptions import CommitFailedError
 
+from oncemore.commit.removable import SPELLED, WAY_OUT, UnremovableFile, unremovable
 from oncemore.config.model import Maintenance, Pipeline
 from oncemore.core import crashpoints
 from oncemore.core.columns import DELETED_AT_FIELD, TIMESTAMP_COLUMN
@@ -45,15 +48,18 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
     tables = [(t.tag, t.table_uri) for t in pipeline.tables] + [("quarantine", pipeline.sink.quarantine_uri)]
     if pipeline.upsert is not None and pipeline.upsert.sequence_by is not None:
         tables.append(("tombstones", pipeline.sink.tombstones_uri))
-    done = {}
+    done, refused = {}, []
     for role, uri in tables:
         table = open_table(uri, pipeline.sink.storage_options)
         if table is None:
             done[role] = {"table_uri": uri, "status": "no table yet"}
             continue
         started = time.monotonic()
-        forgotten = forget_tombstones(pipeline, table) if role == "tombstones" else None
-        compacted = table.optimize.compact(target_size=settings.target_file_size_mb << 20)
+        foreign = unremovable(table)  # their removes would not cancel their adds: rows twice
+        if foreign:
+            refused.append((role, uri, foreign[0]["path"]))
+        forgotten = forget_tombstones(pipeline, table) if role == "tombstones" and not foreign else None
+        compacted = {} if foreign else table.optimize.compact(target_size=settings.target_file_size_mb << 20)
         crashpoints.reach("compacted")
         table.update_incremental()
         table.create_checkpoint()
@@ -61,7 +67,8 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
         deleted = table.vacuum(retention_hours=settings.vacuum_retention_hours, dry_run=False,
                                enforce_retention_duration=False, full=True)
         done[role] = {
-            "table_uri": uri, "status": "maintained", "version": table.version(),
+            "table_uri": uri, "status": "checkpointed and vacuumed, not compacted" if foreign else "maintained",
+            "version": table.version(),
             "files_removed": compacted.get("numFilesRemoved", 0), "files_added": compacted.get("numFilesAdded", 0),
             "files_deleted": len(deleted), "seconds": round(time.monotonic() - started, 2),
         }
@@ -71,6 +78,12 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
         if forgotten is not None:
             done[role]["tombstones_forgotten"] = forgotten
         log.info("%s: %s table %s: %s", pipeline.name, role, uri, done[role])
+    if refused:
+        role, uri, path = refused[0]
+        raise UnremovableFile(f"pipeline {pipeline.name}: maintain: {role} table {uri}: file {path}: {SPELLED}: "
+                              "compacting (or forgetting tombstones) would leave it live beside its rewrite, so that "
+                              f"table was checkpointed and vacuumed only ({len(refused)} of {len(tables)} tables so); "
+                              f"{WAY_OUT}", table_uri=uri, path=path)
     return {"pipeline": pipeline.name, "tables": done}
 
 
