@@ -432,3 +432,29 @@ def test_a_file_delta_spark_wrote_under_a_non_ascii_partition_is_never_removed_b
     kept = [pair for pair in kept if ids[pair] >= 10]
     assert_exactly_once(read_pairs(path), kept)
     assert_exactly_once(spark_pairs(delta, path), kept)
+
+
+def test_an_upsert_merged_on_the_cluster_through_spark_connect_lands_the_fold(broker, topic, make_pipeline, delta):
+    """upsert.merge cluster's rewrite job (spark.range + mapInArrow) on a Connect session, as on a
+    classic one; delta-spark reads the table it commits with one row per key."""
+    from devtools.changefeed import debezium_events, fold, produce, read_back, table_state
+
+    events = debezium_events(keys=40, changes=300, seed=7)
+    pipeline = make_pipeline(topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": "id BIGINT, name STRING, balance BIGINT"},
+                             upsert={"keys": ["id"], "envelope": "debezium", "merge": "cluster"})
+    path = pipeline.sink.table_uri
+    produce(broker.bootstrap_servers, topic, events[:200], "key")
+    ingest(pipeline, delta)
+    produce(broker.bootstrap_servers, topic, events[200:], "key")
+    report = ingest(pipeline, delta)
+    assert report.batches[0].status == "committed" and report.batches[0].events["updated"] > 0
+    version = DeltaTable(path).version()  # the copy-on-write's one commit: the touched files' removes
+    actions = [json.loads(line) for line in Path(path, "_delta_log", f"{version:020d}.json").read_text().splitlines()]
+    assert DeltaTable(path).history(1)[0]["operation"] == "WRITE" and any("remove" in a for a in actions)
+    expected = fold(read_back(broker.bootstrap_servers, topic), "debezium", ("id",))
+    found = table_state(path, ("id",))
+    assert set(found) == set(expected)
+    assert all({c: found[key][c] for c in row} == row for key, row in expected.items())
+    ids = [r[0] for r in delta.sql(f"SELECT id FROM delta.`{path}`").collect()]
+    assert sorted(ids) == sorted(key[0] for key in expected)
