@@ -260,11 +260,11 @@ def test_delta_rs_escapes_a_remove_actions_path_as_the_cluster_path_expects(tmp_
     assert [a["remove"]["path"] for a in log if "remove" in a] == [quote(p, safe=DELTA_RS_PATH_SAFE) for p in paths]
 
 
-def foreign_table(tmp_path, escaped, merge: str = "cluster") -> Tables:
+def foreign_table(tmp_path, escaped, merge: str = "cluster", sequenced: bool = False) -> Tables:
     """A table partitioned by its key whose file of key "é" another writer added, in directory
     ``id=é``, its log path escaped by ``escaped``, beside a file of key "a" delta-rs added."""
-    tables = Tables(tmp_path, pa.field("id", pa.string()), sequenced=False, merge="cluster", partition_by=["id"])
-    tables.apply([("é", "one", "upsert", None, 0)])  # the cluster's writer: in id=é, its log path id=%C3%A9
+    tables = Tables(tmp_path, pa.field("id", pa.string()), sequenced=sequenced, merge="cluster", partition_by=["id"])
+    tables.apply([("é", "one", "upsert", 1, 0)])  # the cluster's writer: in id=é, its log path id=%C3%A9
     tables.merge = merge
     log = Path(tables.main, "_delta_log", f"{1:020d}.json")
     actions = [json.loads(line) for line in log.read_text().splitlines()]
@@ -272,7 +272,7 @@ def foreign_table(tmp_path, escaped, merge: str = "cluster") -> Tables:
         if "add" in action:
             action["add"]["path"] = escaped(action["add"]["path"])
     log.write_text("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in actions))
-    tables.apply([("a", "two", "upsert", None, 1)])
+    tables.apply([("a", "two", "upsert", 1, 1)])
     return tables
 
 
@@ -294,6 +294,23 @@ def test_a_changed_key_in_a_file_whose_path_another_writer_spelled_otherwise_is_
     _, counts = tables.apply([("a", "two-b", "upsert", None, 2), ("b", "new", "upsert", None, 3)])
     assert (counts["updated"], counts["inserted"]) == (1, 1)
     assert tables.rows() == {"é": "one", "a": "two-b", "b": "new"}
+
+
+def test_resequence_refuses_a_table_holding_a_file_delta_rs_cannot_remove_before_changing_anything(tmp_path):
+    """Its UPDATE clearing the sequences left the file live beside its rewrite (checked with delta-spark 4.4)."""
+    from oncemore.config.loading import load_pipeline
+    from oncemore.ops.resequence import resequence
+
+    tables = foreign_table(tmp_path, as_delta_spark_writes, sequenced=True)
+    config = tmp_path / "p.yaml"
+    config.write_text(json.dumps({
+        "name": "p", "source": {"bootstrap_servers": "localhost:9", "topic": "t"}, "sink": {"table_uri": tables.main,
+        "partition_by": ["id"]}, "format": {"type": "json", "schema": "id STRING, v STRING, blob BINARY, n BIGINT"},
+        "upsert": {"keys": ["id"], "sequence_by": "n"}}))
+    version = DeltaTable(tables.main).version()
+    with pytest.raises(UnremovableFile, match=r"^pipeline p: resequence: table .*: file id=é/.*nothing was changed"):
+        resequence(load_pipeline(config))
+    assert DeltaTable(tables.main).version() == version and tables.rows("_sequence") == {"é": 1, "a": 1}
 
 
 def test_on_the_cluster_a_removed_file_left_live_fails_the_part_loudly(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ writes ``%C3%A9``: delta-kernel-rs issue 2423) stays live beside whatever rewrot
 twice: delta-rs's own MERGE, compaction and delete do that, and report success.
 
 Invariant: no operation of oncemore that removes files through delta-rs (the local MERGE, the
-cluster's copy-on-write, compaction, ``delete``) runs where it would remove such a file: it is
-refused first (UnremovableFile), naming the file and WAY_OUT.
+cluster's copy-on-write, compaction, ``delete``, ``resequence``) runs where it would remove such a
+file: it is refused first (UnremovableFile), naming the file and WAY_OUT.
 """
 
 from __future__ import annotations
