@@ -87,7 +87,7 @@ def test_ctrl_c_mid_run_says_in_one_line_what_was_committed_and_the_rerun_is_exa
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
-def test_an_error_raised_while_a_ctrl_c_unwinds_is_the_interrupt(tmp_path):
+def test_an_error_raised_while_a_ctrl_c_unwinds_is_the_interrupt(tmp_path, monkeypatch):
     # What CI caught once: py4j shut the gateway connection the Ctrl-C interrupted, and PySpark's
     # call-site reset on the way out (SCCallSiteSync.__exit__) raised a network error in its place.
     from argparse import Namespace
@@ -114,6 +114,21 @@ def test_an_error_raised_while_a_ctrl_c_unwinds_is_the_interrupt(tmp_path):
     with pytest.raises(Py4JNetworkError):
         with _spark_for("orders", Namespace(verbose=True, remote=None, master=None)):
             raise Py4JNetworkError("Answer from Java side is empty")
+
+    # A Ctrl-C while the session stops, after the command's work.
+    import oncemore.run.session as session
+
+    def stopped_by_ctrl_c(_):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    monkeypatch.setattr(session, "spark_session", lambda *args, **kwargs: object())
+    monkeypatch.setattr(session, "stop_session", stopped_by_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        with _spark_for("orders", Namespace(verbose=True, remote=None, master=None)) as spark:
+            spark()
 
 
 def test_plan_prints_ranges(broker, topic, make_pipeline):

@@ -235,9 +235,9 @@ def _spark_for(name: str, args) -> Iterator[Callable]:
 
             try:
                 stop_session(sessions[0])  # a Connect server keeps the session for this host's next run
-            except Exception:
-                if not interrupted:
-                    raise
+            except Exception as exc:
+                if not interrupted:  # a Ctrl-C while it stopped is the interrupt, as above
+                    raise KeyboardInterrupt if interrupted_by(exc) else exc
 
 
 LOG_DAYS = 7  # days a command's Spark output is kept in $TMPDIR/oncemore-logs
