@@ -7,7 +7,8 @@ late events that long, however long ingestion paused.
 
 Invariants: the ledger survives (compaction rewrites data files with dataChange=false and never
 touches txn actions; a checkpoint carries them), it runs beside ingestion (compaction commits
-through delta-rs's conflict checker, which lets blind appends through), and vacuum never deletes
+through delta-rs's conflict checker, which lets blind appends through; a compaction racing
+another writer's of the same files is undone: compaction.py), and vacuum never deletes
 a file younger than the pipeline's retention, which the config holds at or above
 VACUUM_RETENTION_FLOOR_HOURS: an ingestion writes its files before it commits them, and a
 batch still reading must find them when it commits (the committer checks they exist). Forgetting
@@ -33,6 +34,7 @@ from oncemore.core import crashpoints
 from oncemore.core.columns import DELETED_AT_FIELD, TIMESTAMP_COLUMN
 from oncemore.core.coordinates import KafkaPartition, flat
 from oncemore.core.errors import CommitConflict
+from oncemore.ops.compaction import compact
 from oncemore.plan.ledger import Ledger, open_table
 from oncemore.run.staging import remove_stale
 
@@ -59,7 +61,9 @@ def maintain(pipeline: Pipeline) -> dict[str, Any]:
         if foreign:
             refused.append((role, uri, foreign[0]["path"]))
         forgotten = forget_tombstones(pipeline, table) if role == "tombstones" and not foreign else None
-        compacted = {} if foreign else table.optimize.compact(target_size=settings.target_file_size_mb << 20)
+        compacted = {} if foreign else compact(table, settings.target_file_size_mb << 20,
+                                               f"pipeline {pipeline.name}: maintain: {role} table {uri}",
+                                               pipeline.sink.storage_options)
         crashpoints.reach("compacted")
         table.update_incremental()
         table.create_checkpoint()
