@@ -3,8 +3,10 @@
 import gc
 from types import SimpleNamespace
 
+import pyarrow as pa
 import pytest
 
+from oncemore.run import workermemory
 from oncemore.run.tasks import decode_ranges, ingest_ranges
 from oncemore.run.workermemory import task_memory
 
@@ -53,3 +55,29 @@ def test_a_task_runs_with_the_collector_paused_and_leaves_it_on_however_it_ends(
 def iter_in_task():
     with task_memory():
         yield
+
+
+@pytest.fixture
+def arrow_pool():
+    """Arrow's default pool as this process had it, restored after the test (a task sets it)."""
+    before = pa.default_memory_pool()
+    workermemory._use_system_allocator.cache_clear()
+    yield
+    pa.set_memory_pool(before)
+    workermemory._use_system_allocator.cache_clear()
+
+
+def test_a_task_allocates_arrow_memory_with_the_system_allocator(arrow_pool, monkeypatch):
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    pa.set_memory_pool(pa.mimalloc_memory_pool())  # Arrow's own default on these wheels
+    with task_memory():
+        assert pa.default_memory_pool().backend_name == "system"
+        assert pa.array(range(1000)).to_pylist()[-1] == 999  # allocated there
+    assert pa.default_memory_pool().backend_name == "system"  # the worker's next task too
+
+
+def test_an_allocator_set_for_the_workers_wins(arrow_pool, monkeypatch):
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
+    pa.set_memory_pool(pa.mimalloc_memory_pool())  # what Arrow chose from the variable
+    with task_memory():
+        assert pa.default_memory_pool().backend_name == "mimalloc"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 from contextlib import contextmanager
 from functools import cache
 from typing import Iterator
@@ -33,13 +34,25 @@ def task_memory() -> Iterator[None]:
     grew with every batch (560 MiB to 1.2 GB over ten) while nothing was allocated: Arrow's
     jemalloc keeps freed pages, and glibc keeps what the Kafka client's threads freed in their
     arenas. Released after each task, a worker returns to ~220 MiB (measured, 8 tasks of 500,000
-    records in one process)."""
+    records in one process).
+
+    Allocated by the system's allocator: Arrow's default (mimalloc here) kept more of what a task
+    freed while it ran; each task worker of a 1 M-record Avro run peaked 15-35 MiB lower with
+    glibc's malloc (docs/performance.md, "Memory beside the peer"). An ``ARROW_DEFAULT_MEMORY_POOL``
+    set for the workers wins."""
+    _use_system_allocator()
     gc.disable()
     try:
         yield
     finally:
         gc.enable()
         _release_memory()
+
+
+@cache
+def _use_system_allocator() -> None:
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _release_memory() -> None:
