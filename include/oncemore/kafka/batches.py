@@ -46,7 +46,8 @@ READ_SCHEMA = SPARK_KAFKA_SCHEMA.append(pa.field("headers", HEADERS_TYPE)).appen
 
 # 10,000 rows: a task holds a batch read, decoded (fastavro's decoder makes a Python dict per record
 # first) and conformed at once; at 50,000 each task worker of a 1 M-record Avro run peaked ~80 MiB
-# higher (395 against 315 MiB, same run), no faster (docs/performance.md, "Memory beside the peer").
+# higher (395 against 315 MiB, same run), and the JSON decoder was no faster per record on batches
+# of 50,000 (docs/performance.md, "Memory beside the peer").
 # Bytes keep large values bounded.
 BATCH_ROWS = 10_000
 BATCH_BYTES = 32 << 20
