@@ -437,7 +437,8 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
     cluster_merge = pipeline.upsert.merge == "cluster"
     if cluster_merge:
         print(f"    commit {seconds(profile, 'commit'):.1f}s in the run's process: the tombstones MERGE {tomb_s:.1f}s; the "
-              "rest: change rows read back, reduced per key, classified, the touched files located, the rewrite job "
+              "rest: change rows read back, reduced per key, the table's keys scanned on the executors, classified, the "
+              "touched files located, the rewrite job "
               "on the executors, the one commit of removes, adds and positions", flush=True)
     else:
         print(f"    commit {seconds(profile, 'commit'):.1f}s: the main MERGE {merge_s:.1f}s (delta-rs: scan "
@@ -475,7 +476,7 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
               f"in all, {gib(python_max)} the largest", flush=True)
     if pipeline.upsert.merge == "cluster":
         print("  the commit (the copy-on-write's classification, location and commit) ran in the run's process; the "
-              "rewrite in the executors' Python workers", flush=True)
+              "key scan and the rewrite in the executors' Python workers", flush=True)
     elif committer is None:
         print(f"  the sink's commit: no Python worker of {Peaks.COMMIT_MODULE} was seen (no figure)", flush=True)
     else:

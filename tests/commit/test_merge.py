@@ -3,9 +3,10 @@ part's commit applies them, for the cases a run rarely produces on demand: keys 
 statistics delta-rs truncates, a tombstones table whose positions a rewinding reset left ahead,
 a tombstone's rule under sequence_by (it deletes a row of its own partition below it), and
 Debezium's placeholder for a value it did not send. Each on both paths of ``upsert.merge``: the
-cluster's copy-on-write runs its tasks (write/rewrite.py) in this process instead of a Spark job
-(run/rewritejob.py only ships them); then what only that path does: partitioned files, a rewrite
-that does not add up, a file compacted away between the snapshot and the commit."""
+cluster's key scan and copy-on-write run their tasks (write/keyscan.py, write/rewrite.py) in this
+process instead of Spark jobs (run/rewritejob.py only ships them); then what only that path does:
+partitioned files, a scan or a rewrite that does not add up, a key on two rows, a file compacted
+away between the snapshot and the commit."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, WriterProperties, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
 from oncemore.commit import removable
-from oncemore.commit.copyonwrite import ClusterRewrite, RemoveMissed, RewriteMiscount
+from oncemore.commit.copyonwrite import ClusterRewrite, RemoveMissed, RewriteMiscount, ScanMiscount
 from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
 from oncemore.commit.removable import DELTA_RS_PATH_SAFE, UnremovableFile
 from oncemore.core.columns import CHANGE_COLUMN, METADATA_FIELDS, SEQUENCE_FIELD, tombstones_schema
@@ -29,6 +30,7 @@ from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.errors import CommitConflict, InvalidDataFile, UnsupportedTable
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
+from oncemore.write.keyscan import ScanResult, ScanTask, SliceRead, scan
 from oncemore.write.rewrite import RewriteResult, RewriteTask, rewrite
 
 PARTITION = KafkaPartition("t", 0)
@@ -40,11 +42,15 @@ def in_process(tasks: list[RewriteTask]) -> list[RewriteResult]:
     return [rewrite(t) for t in tasks]
 
 
+def scanned_in_process(tasks: list[ScanTask]) -> list[ScanResult]:
+    return [scan(t) for t in tasks]
+
+
 class Tables:
     def __init__(self, root, key: pa.Field, sequenced: bool = True, placeholder: str | None = None,
                  merge: str = "local", **create):
         self.main, self.tombstones = str(root / "main"), str(root / "tombstones")
-        self.root, self.merge, self.run_rewrite, self.slots = root, merge, in_process, 1
+        self.root, self.merge, self.run_rewrite, self.run_scan, self.slots = root, merge, in_process, scanned_in_process, 1
         self.schema = pa.schema([key, pa.field("v", pa.string()), pa.field("blob", pa.binary())]
                                 + ([SEQUENCE_FIELD] if sequenced else []) + METADATA_FIELDS)
         DeltaTable.create(self.main, self.schema, **create)
@@ -79,7 +85,8 @@ class Tables:
         record = CommitInfo(pipeline="p", run_id="r", batch_seq=self.batch,
                             ranges={"t": {str(p.partition): list(r) for p, r in ranges.items()}},
                             records={"written": len(changes), "quarantined": 0, "filtered": 0})
-        cluster = (ClusterRewrite(self.run_rewrite, str(self.root / "staging" / str(self.batch)), slots=self.slots)
+        cluster = (ClusterRewrite(self.run_rewrite, self.run_scan, str(self.root / "staging" / str(self.batch)),
+                                  slots=self.slots)
                    if self.merge == "cluster" else None)
         return apply(main, Ledger(self.tombstones, "p"), reduce_changes(rows, self.spec, "p"), self.spec,
                      main.positions(list(ranges)), {p: e for p, (_, e) in ranges.items()}, list(ranges), record, "p",
@@ -389,3 +396,77 @@ def test_a_rewritten_file_that_is_not_there_is_refused_before_the_commit(tmp_pat
     with pytest.raises(InvalidDataFile, match=r"pipeline p \(t/0 offsets \[2, 4\)\).*missing.*nothing was committed"):
         tables.apply([(1, "one-b", "upsert", None, 2), (2, "two-b", "upsert", None, 3)])
     assert DeltaTable(tables.main).version() == version and tables.rows() == {1: "one", 2: "two"}
+
+
+def recording(tables: Tables) -> list[list[ScanTask]]:
+    """The scan tasks each part's key scan ran, recorded as the tasks run in this process."""
+    runs: list[list[ScanTask]] = []
+    tables.run_scan = lambda tasks: runs.append(tasks) or scanned_in_process(tasks)
+    return runs
+
+
+def test_on_the_cluster_a_file_the_key_scan_read_short_refuses_the_part_before_any_commit(tmp_path):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge="cluster")
+    tables.apply([(1, "one", "upsert", 1, 0), (2, "two", "upsert", 2, 1)])
+    versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
+    (path,) = [unquote(p) for p in pa.table(DeltaTable(tables.main).get_add_actions()).column("path").to_pylist()]
+
+    def short(tasks):  # a row group the task skipped, its rows not read and not reported
+        return [ScanResult(tuple(SliceRead(s.file, s.part, s.read - 1, s.rows) for s in r.slices), r.found, r.found_path)
+                for r in scanned_in_process(tasks)]
+
+    tables.run_scan = short
+    with pytest.raises(ScanMiscount, match=rf"^pipeline p \(t/0 offsets \[2, 3\)\): .* version 1: the cluster's key scan "
+                                           rf".*file {path}: read 1 of its 2 rows.*nothing was committed to the table or "
+                                           r"its tombstones table$"):
+        tables.apply([(2, None, "delete", 3, 2)])
+    assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
+    assert tables.rows() == {1: "one", 2: "two"} and tables.held() == {}
+
+
+@pytest.mark.parametrize("sequenced", [True, False], ids=["sequence_by", "offsets"])
+def test_on_the_cluster_a_key_on_two_rows_in_files_two_scan_tasks_read_is_refused(tmp_path, sequenced):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=sequenced, merge="cluster")
+    tables.apply([(1, "one", "upsert", 1, 0)])
+    row = DeltaTable(tables.main).to_pyarrow_table()
+    write_deltalake(tables.main, row, mode="append")  # another writer's copy of the row: the key on two rows
+    tables.apply([(2, "two", "upsert", 2, 1)])
+    versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
+    tables.slots = 2
+    runs = recording(tables)
+    with pytest.raises(RewriteMiscount, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .*: key \{'id': 1\} is on two rows "
+                                              r"of the table; nothing was committed"):
+        tables.apply([(1, "one-b", "upsert", 3, 2)])
+    (tasks,) = runs
+    holding = [{s.file for s in t.slices} for t in tasks]
+    assert len(tasks) == 2 and all(holding) and not holding[0] & holding[1]  # each file in one task, two tasks
+    assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
+
+
+@MERGES
+def test_a_table_partitioned_by_the_kafka_partition_is_classified_by_its_partition_values(tmp_path, merge):
+    """The key scan splits each file by its row groups over the tasks, and fills the order's
+    partition column from the log's values: a tombstone deletes only the row of its own partition."""
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge, partition_by=["_kafka_partition"])
+    ids = list(range(1, 41))
+    rows = pa.table({"id": ids, "v": [f"v{i}" for i in ids], "blob": [None] * 40, "_sequence": ids,
+                     "_kafka_topic": ["t"] * 40, "_kafka_partition": [i % 2 for i in ids], "_kafka_offset": ids,
+                     "_kafka_timestamp": [None] * 40}).cast(tables.schema)
+    write_deltalake(tables.main, rows, mode="append", partition_by=["_kafka_partition"],
+                    writer_properties=WriterProperties(max_row_group_size=4))
+    tables.ends = {0: 41, 1: 41}
+    tables.slots = 3
+    runs = recording(tables)
+    _, counts = tables.apply([(3, "three-b", "upsert", 50, 41, 1),
+                              (4, None, "tombstone", None, 42, 0),  # its row came from partition 0: deleted
+                              (5, None, "tombstone", None, 43, 0),  # its row came from partition 1: kept
+                              (38, None, "delete", 60, 44, 0), (41, "new", "upsert", 70, 45, 0),
+                              (22, "late", "upsert", 1, 46, 0)])  # older than the row: stale
+    expected = {i: f"v{i}" for i in ids if i not in (4, 38)} | {3: "three-b", 41: "new"}
+    assert tables.rows() == expected
+    assert {k: counts[k] for k in ("inserted", "updated", "deleted", "stale", "tombstones")} == {
+        "inserted": 1, "updated": 1, "deleted": 2, "stale": 1, "tombstones": 1}, counts
+    assert tables.held() == {4: (4, 0, 42), 38: (60, 0, 44)}
+    if merge == "cluster":
+        (tasks,) = runs
+        assert len(tasks) == 3 and max(s.parts for t in tasks for s in t.slices) > 1  # files split by row groups

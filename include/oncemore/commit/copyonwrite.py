@@ -2,16 +2,20 @@
 copy-on-write of the files holding a changed key, rewritten by the cluster's tasks, committed by
 delta-rs in ONE commit of their removes, the new files' adds, the txn actions and the record.
 
-The driver keeps what merge.py decided (the change rows: upserts whole, deletes by key, and
-their counts) and only locates the table files that hold their keys, reading their key columns
-file by file; each changing key it finds there is an update or a delete, each it does not
-is an insert, and these must be the classification's counts before anything is written. The part
-of the change rows each task needs is staged as Parquet in the part's staging area, so no change
-row travels through Spark. Each task (write/rewrite.py) rewrites its files without the changed
-keys' rows and adds the upserts; each task's rows must add up (rows read - rows dropped + rows
-added = rows written, the rows dropped are exactly the keys located in its files, the rows added
-its staged upserts) and the new files be whole, or nothing is committed (all this runs before the
-part's tombstones commit) and the new files are deleted. A touched file whose log path another
+The table is scanned once, by the cluster's tasks (write/keyscan.py: each a share of the live
+files' row groups, the key and order columns only, joined with the part's keys staged as Parquet
+in the part's staging area); the driver reads back only the matching rows, with the index of the
+file holding each. Each file's rows read must add up to its add action's record count (a short
+read refuses the part), and a key on two rows of the table is refused. Those matches are the
+table's rows merge.py classifies the events against, and they locate the files holding a changed
+key: each changing key found is an update or a delete, each not found an insert, and these must be
+the classification's counts before anything is written. The part of the change rows each rewrite
+task needs is staged as Parquet in the part's staging area, so no change row travels through
+Spark. Each task (write/rewrite.py) rewrites its files without the changed keys' rows and adds the
+upserts; each task's rows must add up (rows read - rows dropped + rows added = rows written, the
+rows dropped are exactly the keys located in its files, the rows added its staged upserts) and the
+new files be whole, or nothing is committed (all this runs before the part's tombstones commit)
+and the new files are deleted. A touched file whose log path another
 writer spelled otherwise than delta-rs spells a remove's is refused before anything is written
 (removable.py: its remove would not cancel its add), and after the commit no removed file may be live (paths
 compared decoded). The commit lands on the snapshot the part was
@@ -51,16 +55,23 @@ from oncemore.core.storage import filesystem
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import DataFile, partition_value_text
-from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile, key_batches
+from oncemore.write.keyscan import FILE_COLUMN, FileSlice, ScanResult, ScanTask, matches_schema
+from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile
 
 log = logging.getLogger("oncemore")
 
+SCAN_TASK_BYTES = 4 << 30  # live files' bytes per key-scan task at most, beyond one per slot: it streams their keys and order
 TASK_BYTES = 1 << 30  # touched files' bytes per task at most, beyond one per slot: its wall time, not its memory (it streams)
 INSERT_ROWS_PER_TASK = 1_000_000  # inserts per task when no file is touched
 
 
 class RewriteMiscount(OncemoreError):
     """The cluster's rewrite of an upsert part does not add up: the MERGE commits nothing."""
+
+
+class ScanMiscount(OncemoreError):
+    """The cluster's key scan of an upsert part did not read every row of the table's live files:
+    nothing is classified, nothing committed."""
 
 
 class RemoveMissed(OncemoreError):
@@ -73,14 +84,26 @@ UNREMOVABLE = f"file {{path}} holds a changed key, and {SPELLED}: the MERGE woul
 
 @dataclass(frozen=True)
 class ClusterRewrite:
-    """How the run rewrites on its cluster: ``run`` executes the tasks (run/rewritejob.py) and
-    returns one result per task, in the tasks' order; ``staging_uri``: where the part's tasks'
-    change rows are staged (in the part's staging area, removed with it)."""
+    """How the run rewrites on its cluster: ``run`` executes the rewrite tasks and ``scan`` the
+    key-scan tasks (run/rewritejob.py), each returning one result per task, in the tasks' order;
+    ``staging_uri``: where the part's keys and tasks' change rows are staged (in the part's staging area, removed with it)."""
 
     run: Callable[[list[RewriteTask]], list[RewriteResult]]
+    scan: Callable[[list[ScanTask]], list[ScanResult]]
     staging_uri: str
     storage_options: Mapping[str, str] | None = None
     slots: int = 1  # tasks the cluster runs at once: the touched files are spread over at least as many
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """The cluster's key scan of a snapshot: ``rows``, the table's rows holding a key of the part
+    (its keys, the order columns asked for, FILE_COLUMN); ``adds``, the snapshot's live files (their
+    add actions) FILE_COLUMN indexes, and their partition values as text."""
+
+    rows: pa.Table
+    adds: list[dict]
+    values: list[dict[str, str | None]]
 
 
 @dataclass(frozen=True)
@@ -100,15 +123,14 @@ def part_of(pipeline: str, record: CommitInfo) -> str:
 
 
 def rewrite_part(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], cluster: ClusterRewrite,
-                 counts: Mapping[str, int], record: CommitInfo, pipeline: str) -> Rewritten:
+                 scanned: Scanned, counts: Mapping[str, int], where: str, pipeline: str) -> Rewritten:
     """The part's ``changing`` rows applied to ``table`` (the snapshot merge.py classified them
-    on) by copy-on-write on the cluster, checked, before any commit of the part (module
-    docstring); none of it is committed yet."""
+    on, with ``scanned``: scan_keys of their keys) by copy-on-write on the cluster, checked,
+    before any commit of the part (module docstring); none of it is committed yet."""
     if not changing.num_rows:  # no event changes a row: the positions alone
         return Rewritten([], [], {})
-    where = f"{part_of(pipeline, record)}: {table.table_uri} version {table.version()}"
     began = time.perf_counter()
-    touched, owner = locate(table, changing, keys, where, cluster.storage_options)
+    touched, owner = locate(scanned, changing, keys, where)
     located = time.perf_counter()
     upserts = pc.equal(changing.column(CHANGE_COLUMN), "upsert")
     held_key = pc.greater_equal(owner, 0)
@@ -173,38 +195,115 @@ def _removed(ledger: Ledger, touched: list[TouchedFile], version: int | None, wh
                            "maintain) before the next run", version=version, path=left[0])
 
 
-def locate(table: DeltaTable, changing: pa.Table, keys: tuple[str, ...], where: str,
-           storage_options: Mapping[str, str] | None = None) -> tuple[list[TouchedFile], pa.Array]:
-    """The table's files holding a key of ``changing``, and per row of ``changing`` the index of
-    the file holding its key (-1: none); a key on two rows of the table is refused. Each file is
-    read as its rewrite reads it (write/rewrite.py), its key columns only."""
+def scan_keys(table: DeltaTable, probe: pa.Table, keys: tuple[str, ...], columns: list[str], cluster: ClusterRewrite,
+              where: str) -> Scanned:
+    """The rows of ``table`` (the snapshot the part is classified on) holding a key of ``probe``:
+    their keys and ``columns`` (the table's types), found by the cluster's scan tasks
+    (write/keyscan.py), checked (module docstring); a key on two rows of the table is refused."""
     adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
     partition_columns = list(table.metadata().partition_columns)
+    values = [{c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns} for add in adds]
     schema = pa.schema(table.schema().to_arrow())
-    probe = changing.select(list(keys)).cast(pa.schema([schema.field(k) for k in keys]))
+    shape = matches_schema(schema, keys, tuple(columns))
+    if not probe.num_rows or not adds:
+        return Scanned(shape.empty_table(), adds, values)
+    fs, root = filesystem(cluster.staging_uri, cluster.storage_options)
+    fs.create_dir(root, recursive=True)
+    name = f"keys-{uuid.uuid4().hex}.parquet"
+    pq.write_table(probe.select(list(keys)).cast(pa.schema([schema.field(k) for k in keys])), f"{root}/{name}",
+                   filesystem=fs)
+    tasks = _scan_tasks(table, adds, values, keys, columns, f"{cluster.staging_uri.rstrip('/')}/{name}", cluster)
+    began = time.perf_counter()
+    results = cluster.scan(tasks)
+    found = _scan_checked(results, tasks, adds, shape, where, cluster)
+    twice = found.select(list(keys)).group_by(list(keys)).aggregate([([], "count_all")])
+    twice = twice.filter(pc.greater(twice.column("count_all"), 1))
+    if twice.num_rows:
+        key = twice.select(list(keys)).slice(0, 1).to_pylist()[0]
+        raise RewriteMiscount(f"{where}: key {key} is on two rows of the table; {NOTHING}", key=str(key))
+    log.info("%s: the cluster MERGE scanned the keys of %d files in %d tasks in %.1fs: %d rows read, %d of the "
+             "part's %d keys found", where, len(adds), len(tasks), time.perf_counter() - began,
+             sum(s.read for r in results for s in r.slices), found.num_rows, probe.num_rows)
+    return Scanned(found, adds, values)
+
+
+def _scan_tasks(table: DeltaTable, adds: list[dict], values: list[dict], keys: tuple[str, ...], columns: list[str],
+                keys_path: str, cluster: ClusterRewrite) -> list[ScanTask]:
+    """The live files spread over the cluster's slots, or more tasks of about SCAN_TASK_BYTES
+    each: a file larger than a task's share split into slices of its row groups, the largest
+    slice first, to the task holding the fewest bytes."""
+    total = sum(add["size_bytes"] for add in adds)
+    share = max(1, -(-total // max(cluster.slots, -(-total // SCAN_TASK_BYTES))))  # a task's bytes
+    slices = [(add["size_bytes"] / parts, FileSlice(index, unquote(add["path"]), values[index], part, parts))
+              for index, add in enumerate(adds) for parts in [max(1, -(-add["size_bytes"] // share))]
+              for part in range(parts)]
+    groups: list[list[FileSlice]] = [[] for _ in range(min(len(slices), max(cluster.slots, -(-total // share))))]
+    sizes = [0.0] * len(groups)
+    for size, piece in sorted(slices, key=lambda s: -s[0]):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(piece)
+        sizes[smallest] += size
+    text = schema_text(pa.schema(table.schema().to_arrow()))
+    return [ScanTask(table.table_uri, text, keys, tuple(columns), keys_path, cluster.staging_uri, tuple(group))
+            for group in groups]
+
+
+def _scan_checked(results: list[ScanResult], tasks: list[ScanTask], adds: list[dict], shape: pa.Schema, where: str,
+                  cluster: ClusterRewrite) -> pa.Table:
+    """The scan tasks' matches, once every task reported, each slice it was given once, and the
+    rows read of each file add up to its add action's record count (its footer's where the log
+    has no statistics), its matches only from its own files; else the part is refused."""
+    problems = [] if len(results) == len(tasks) else [f"{len(results)} of {len(tasks)} tasks reported"]
+    read: dict[int, int] = {}
+    footer: dict[int, set[int]] = {}
+    found = []
+    for number, (task, result) in enumerate(zip(tasks, results)):
+        if sorted((s.file, s.part) for s in result.slices) != sorted((s.file, s.part) for s in task.slices):
+            problems.append(f"task {number} reported other slices than it was given")
+        for piece in result.slices:
+            read[piece.file] = read.get(piece.file, 0) + piece.read
+            footer.setdefault(piece.file, set()).add(piece.rows)
+        rows = shape.empty_table()
+        if result.found_path:
+            fs, path = filesystem(result.found_path, cluster.storage_options)
+            rows = pq.read_table(path, filesystem=fs)
+        files, given = set(pc.unique(rows.column(FILE_COLUMN)).to_pylist()), {s.file for s in task.slices}
+        if rows.num_rows != result.found or not files <= given:
+            problems.append(f"task {number} staged {rows.num_rows} matches (reported {result.found}) of files "
+                            f"{sorted(files)}, given {sorted(given)}")
+        found.append(rows.select(shape.names).cast(shape))
+    for index, add in enumerate(adds):
+        records = add.get("num_records")
+        expected = records if records is not None else min(footer.get(index, {-1}))
+        if read.get(index) != expected or footer.get(index, {expected}) != {expected}:
+            problems.append(f"file {unquote(add['path'])}: read {read.get(index, 0)} of its {expected} rows")
+    if problems:
+        raise ScanMiscount(f"{where}: the cluster's key scan of {len(adds)} files in {len(tasks)} tasks does not add up "
+                           f"({'; '.join(problems[:3])}{'; ...' if len(problems) > 3 else ''}); {NOTHING}",
+                           problems=problems)
+    return pa.concat_tables(found) if found else shape.empty_table()
+
+
+def locate(scanned: Scanned, changing: pa.Table, keys: tuple[str, ...],
+           where: str) -> tuple[list[TouchedFile], pa.Array]:
+    """The table's files holding a key of ``changing``, and per row of ``changing`` the index of
+    the file holding its key (-1: none), from the key scan's matches (each key on one row); a
+    file delta-rs cannot remove holding one is refused (removable.py)."""
+    rows = scanned.rows.select([*keys, FILE_COLUMN])
+    probe = changing.select(list(keys)).cast(rows.select(list(keys)).schema)
     probe = probe.append_column("_row", pa.array(range(changing.num_rows), pa.int64()))
-    fs, root = filesystem(table.table_uri, storage_options)
+    held_rows = rows.join(probe, list(keys), join_type="inner")
     owner = np.full(changing.num_rows, -1, np.int64)
+    files = held_rows.column(FILE_COLUMN).to_numpy()
     touched: list[TouchedFile] = []
-    for add in adds:
-        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
-        path = unquote(add["path"])  # the log's is URL-encoded; delta-rs's actions take it decoded
-        # One join per file: a join hashes ``probe`` (the part's change rows) each time.
-        stored = list(key_batches(fs, f"{root}/{path}", keys, values, schema))
-        found = pa.concat_tables(stored).join(probe, list(keys), join_type="inner").column("_row") if stored else None
-        if found is None or not len(found):
-            continue
-        rows_found = found.to_numpy()
-        unique, times = np.unique(rows_found, return_counts=True)
-        twice = [*rows_found[owner[rows_found] != -1].tolist(), *unique[times > 1].tolist()]
-        if twice:
-            raise RewriteMiscount(f"{where}: key {changing.select(list(keys)).slice(twice[0], 1).to_pylist()[0]} is "
-                                  f"on two rows of the table; {NOTHING}", row=twice[0])
+    for index, count in zip(*np.unique(files, return_counts=True)):
+        add = scanned.adds[index]
         if delta_rs_spelling(add["path"]) != add["path"]:
             raise UnremovableFile(f"{where}: {UNREMOVABLE.format(path=add['path'])}; {NOTHING}; {WAY_OUT}",
                                   path=add["path"])
-        owner[rows_found] = len(touched)
-        touched.append(TouchedFile(path, add["size_bytes"], values, len(rows_found)))
+        owner[held_rows.column("_row").to_numpy()[files == index]] = len(touched)
+        # The log's path is URL-encoded; delta-rs's actions take it decoded.
+        touched.append(TouchedFile(unquote(add["path"]), add["size_bytes"], scanned.values[index], int(count)))
     return touched, pa.array(owner)
 
 
@@ -270,5 +369,5 @@ def _check(results: list[RewriteResult], tasks: list[RewriteTask], upserts: list
         raise InvalidDataFile(f"{where}: {exc}; {NOTHING}", **exc.evidence) from exc
 
 
-__all__ = ["ClusterRewrite", "RemoveMissed", "RewriteMiscount", "Rewritten", "UnremovableFile", "commit_rewrite",
-           "locate", "part_of", "rewrite_part"]
+__all__ = ["ClusterRewrite", "RemoveMissed", "RewriteMiscount", "Rewritten", "ScanMiscount", "Scanned",
+           "UnremovableFile", "commit_rewrite", "locate", "part_of", "rewrite_part", "scan_keys"]

@@ -28,8 +28,10 @@ The events are classified against the snapshot the MERGE runs on; the MERGE appl
 ones that change a row (none: a commit of the positions alone, committer.merge), and its counts
 are checked against the classification. ``upsert.merge`` says where it runs: ``local``, delta-rs's
 MERGE in this process; ``cluster``, a copy-on-write of the touched files by the cluster's tasks,
-committed by delta-rs with the positions in one commit (copyonwrite.py). The classification and
-the counts are the same either way, and either way a changed key in a file delta-rs cannot remove
+committed by delta-rs with the positions in one commit (copyonwrite.py). The table's rows of the
+part's keys come from this process's scan of the table (local), or from the cluster's key scan,
+whose matches also locate the files to rewrite (cluster); the tombstones table and a placeholder's
+stored values are read here either way. The classification and the counts are the same either way, and either way a changed key in a file delta-rs cannot remove
 (removable.py) refuses the part before its first commit.
 """
 
@@ -44,7 +46,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, held, merge
-from oncemore.commit.copyonwrite import NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part
+from oncemore.commit.copyonwrite import (NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part,
+                                         scan_keys)
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.removable import WAY_OUT, UnremovableFile, holding, unremovable
 from oncemore.commit.sequencing import check_sequence
@@ -214,21 +217,27 @@ class _Decision:
     counts: dict[str, int]
 
 
-def _decide(changes: Changes, table: DeltaTable, held: DeltaTable, spec: UpsertSpec) -> _Decision:
+def _universe(changes: Changes, keys: list[str]) -> pa.Table:
+    """Under sequence_by, the part's keys: of its last events and of its tombstones."""
+    latest = changes.latest.select(keys)
+    return pa.concat_tables([latest, changes.marks.select(keys).cast(latest.schema)]).group_by(keys).aggregate([])
+
+
+def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTable, held: DeltaTable,
+            spec: UpsertSpec) -> _Decision:
     """Under sequence_by, per key of the part: its state is the latest of its part's last event,
     the table's row and the delete the tombstones table holds (module docstring: order); a
     tombstone of the part in the partition that state came from, at a later offset, deletes it
     (the delete keeping the state's sequence and the tombstone's coordinates). The part's event
     or tombstone that is that state decides the key; the others are stale, superseded (by a
-    tombstone of their partition after them) or tombstones (counted, not applied)."""
+    tombstone of their partition after them) or tombstones (counted, not applied). ``universe``:
+    the part's keys (_universe); ``rows``: the table's rows of them (keys and order)."""
     latest, marks, counts = changes.latest, changes.marks, dict(changes.counts)
     keys, order = list(spec.keys), [SEQUENCE_COLUMN, *ORDER]
-    universe = pa.concat_tables([latest.select(keys), marks.select(keys).cast(latest.select(keys).schema)]) \
-        .group_by(keys).aggregate([])
     like = latest.schema
     event = _matched(universe, latest.append_column("_event", pa.array(range(latest.num_rows), pa.int64())), spec.keys,
                      [*order, CHANGE_COLUMN, TIMESTAMP_COLUMN, "_event"])
-    row = _matched(universe, _read(table, spec.keys, universe, order, like), spec.keys, order)
+    row = _matched(universe, rows, spec.keys, order)
     kept = _matched(universe, _read(held, spec.keys, universe, order, like), spec.keys, order)
     # The state before the part's tombstones: the latest of the three (an event equal to a held
     # delete is that delete, whose main commit did not land: the event stays the state).
@@ -303,16 +312,24 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
         return CommitOutcome("already_committed", None), changes.counts
     if spec.sequence_by is not None or not spec.sequenced:  # a resequence may have landed since the run began
         check_sequence(pipeline, ledger.table_uri, table, spec.sequence_by)
+    where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
     if cluster is not None:  # before the part's first commit
         check_rewritable(table, ledger.table_uri)
+    # The table's rows of the part's keys (their order, under sequence_by): on the cluster, its
+    # scan tasks find them, and the rows' files are where the copy-on-write's changed keys are.
+    keys, order, like = list(spec.keys), [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else [], changes.latest.schema
+    wanted = _universe(changes, keys) if spec.sequenced else changes.latest.select(keys)
+    scanned = scan_keys(table, wanted, spec.keys, order, cluster, where) if cluster is not None else None
+    rows = (scanned.rows.select([*keys, *order]).cast(pa.schema([like.field(n) for n in (*keys, *order)]))
+            if scanned is not None else _read(table, spec.keys, wanted, order, like))
     if spec.sequenced:
-        decision = _decide(changes, table, tombstones.snapshot(), spec)
+        decision = _decide(changes, wanted, rows, table, tombstones.snapshot(), spec)
         changing, counts = decision.changing, decision.counts
     else:
         # Without a sequence, the positions order the parts: an event of a later part is newer,
         # and only whether the table holds the key matters.
         latest, counts = changes.latest, dict(changes.counts)
-        present = _matched(latest, _read(table, spec.keys, latest, [], latest.schema), spec.keys, []).column("_present")
+        present = _matched(latest, rows, spec.keys, []).column("_present")
         upserts, deletes = (pc.equal(latest.column(CHANGE_COLUMN), c) for c in ("upsert", "delete"))
         masks = {"inserted": pc.and_(upserts, pc.invert(present)), "updated": pc.and_(upserts, present),
                  "deleted": pc.and_(deletes, present), "noop_deletes": pc.and_(deletes, pc.invert(present))}
@@ -328,11 +345,10 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     if cluster is None:  # delta-rs's MERGE would leave such a file live and say nothing (the cluster's locate refuses it)
         found = holding(table, unremovable(table), list(spec.keys), changing, ledger.storage_options)
         if found:
-            where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
             raise UnremovableFile(f"{where}: {UNREMOVABLE.format(path=found[0]['path'])}; {NOTHING}; {WAY_OUT}",
                                   path=found[0]["path"])
     # The cluster's rewrite is done and checked before the part's first commit: a refusal commits nothing.
-    rewritten = rewrite_part(table, changing, spec.keys, cluster, counts, record, pipeline) if cluster else None
+    rewritten = rewrite_part(table, changing, spec.keys, cluster, scanned, counts, where, pipeline) if cluster else None
     if spec.sequenced and decision.kept.num_rows:
         keep_deletes(tombstones, decision.kept, new_positions, partitions, counts_record)
         crashpoints.reach("tombstones_committed")

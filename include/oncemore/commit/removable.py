@@ -16,12 +16,13 @@ from typing import Mapping
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from oncemore.core.errors import OncemoreError
 from oncemore.core.storage import filesystem
 from oncemore.write.files import partition_value_text
-from oncemore.write.rewrite import key_batches
+from oncemore.write.rewrite import column_batches
 
 # What delta-rs (1.6) leaves unescaped in a remove action's path; it escapes every other
 # character, a '%' included, of the path it is given (checked by test_merge).
@@ -67,6 +68,7 @@ def holding(table: DeltaTable, files: list[dict], columns: list[str], probe: pa.
     for add in files:
         values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
         if any(batch.join(probe, columns, join_type="inner").num_rows
-               for batch in key_batches(fs, f"{root}/{unquote(add['path'])}", tuple(columns), values, schema)):
+               for batch in column_batches(pq.ParquetFile(fs.open_input_file(f"{root}/{unquote(add['path'])}")),
+                                           tuple(columns), values, schema)):
             found.append(add)
     return found

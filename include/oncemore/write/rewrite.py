@@ -100,14 +100,18 @@ def rewrite(task: RewriteTask, storage_options: Mapping[str, str] | None = None)
     return RewriteResult(read, dropped, upserts.num_rows, tuple(writer.close()))
 
 
-def key_batches(fs, path: str, keys: tuple[str, ...], partition_values: Mapping[str, str | None],
-                schema: pa.Schema) -> Iterator[pa.Table]:
-    """A table file's ``keys`` columns (in ``schema``'s types), row group by row group, as
-    ``rewrite`` reads the file (the driver locates the changed keys with it)."""
-    stored = [k for k in keys if k not in partition_values]
-    kinds = pa.schema([schema.field(k) for k in keys])
-    for batch in pq.ParquetFile(fs.open_input_file(path)).iter_batches(batch_size=ROW_GROUP_BATCH_ROWS,
-                                                                        columns=stored):
+def column_batches(parquet: pq.ParquetFile, columns: tuple[str, ...], partition_values: Mapping[str, str | None],
+                   schema: pa.Schema, row_groups: list[int] | None = None) -> Iterator[pa.Table]:
+    """A table file's ``columns`` (in ``schema``'s types; one the file lacks as NULL), its
+    ``row_groups`` (all: None) batch by batch, as ``rewrite`` reads the file (the cluster's key scan,
+    keyscan.py, and removable.py read keys with it)."""
+    present = set(parquet.schema_arrow.names)
+    stored = [c for c in columns if c not in partition_values and c in present]
+    kinds = pa.schema([schema.field(c) for c in columns])
+    groups = list(range(parquet.num_row_groups)) if row_groups is None else row_groups
+    if not groups:
+        return
+    for batch in parquet.iter_batches(batch_size=ROW_GROUP_BATCH_ROWS, columns=stored, row_groups=groups):
         rows = _with_partition_values(pa.Table.from_batches([batch]), partition_values, schema)
         yield conform(rows, kinds)
 
@@ -135,4 +139,4 @@ def _without(rows: pa.Table, probe: pa.Table, keys: list[str]) -> pa.Table:
     return rows.take(pc.take(kept, pc.sort_indices(kept)))  # in the file's order
 
 
-__all__ = ["RewriteResult", "RewriteTask", "TouchedFile", "key_batches", "rewrite"]
+__all__ = ["RewriteResult", "RewriteTask", "TouchedFile", "column_batches", "rewrite"]
