@@ -443,30 +443,52 @@ def test_on_the_cluster_a_key_on_two_rows_in_files_two_scan_tasks_read_is_refuse
     assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
 
 
-@MERGES
-def test_a_table_partitioned_by_the_kafka_partition_is_classified_by_its_partition_values(tmp_path, merge):
-    """The key scan splits each file by its row groups over the tasks, and fills the order's
-    partition column from the log's values: a tombstone deletes only the row of its own partition."""
-    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge, partition_by=["_kafka_partition"])
-    ids = list(range(1, 41))
-    rows = pa.table({"id": ids, "v": [f"v{i}" for i in ids], "blob": [None] * 40, "_sequence": ids,
-                     "_kafka_topic": ["t"] * 40, "_kafka_partition": [i % 2 for i in ids], "_kafka_offset": ids,
-                     "_kafka_timestamp": [None] * 40}).cast(tables.schema)
-    write_deltalake(tables.main, rows, mode="append", partition_by=["_kafka_partition"],
-                    writer_properties=WriterProperties(max_row_group_size=4))
-    tables.ends = {0: 41, 1: 41}
-    tables.slots = 3
-    runs = recording(tables)
-    _, counts = tables.apply([(3, "three-b", "upsert", 50, 41, 1),
-                              (4, None, "tombstone", None, 42, 0),  # its row came from partition 0: deleted
-                              (5, None, "tombstone", None, 43, 0),  # its row came from partition 1: kept
-                              (38, None, "delete", 60, 44, 0), (41, "new", "upsert", 70, 45, 0),
-                              (22, "late", "upsert", 1, 46, 0)])  # older than the row: stale
-    expected = {i: f"v{i}" for i in ids if i not in (4, 38)} | {3: "three-b", 41: "new"}
-    assert tables.rows() == expected
+def preloaded(tables: Tables, count: int, **write) -> list[int]:
+    """``count`` rows written into ``tables``' main table by delta-rs alone (ids 1.., their
+    sequence the id, each from partition id % 2 at offset id), positions set past them."""
+    ids = list(range(1, count + 1))
+    write_deltalake(tables.main, pa.table({
+        "id": ids, "v": [f"v{i}" for i in ids], "blob": [None] * count, "_sequence": ids, "_kafka_topic": ["t"] * count,
+        "_kafka_partition": [i % 2 for i in ids], "_kafka_offset": ids, "_kafka_timestamp": [None] * count,
+    }).cast(tables.schema), mode="append", **write)
+    tables.ends = {0: count + 1, 1: count + 1}
+    return ids
+
+
+def a_mixed_part(tables: Tables, ids: list[int]) -> None:
+    """An update, a tombstone that deletes (its row came from its partition), one that does not,
+    a delete, an insert and a stale event, applied; the table and the held deletes checked."""
+    last = len(ids)
+    _, counts = tables.apply([(3, "three-b", "upsert", 50, last + 1, 1),
+                              (4, None, "tombstone", None, last + 2, 0),  # its row came from partition 0: deleted
+                              (5, None, "tombstone", None, last + 3, 0),  # its row came from partition 1: kept
+                              (last - 2, None, "delete", 60, last + 4, 0), (last + 1, "new", "upsert", 70, last + 5, 0),
+                              (last - 5, "late", "upsert", 1, last + 6, 0)])  # older than the row: stale
+    assert tables.rows() == {i: f"v{i}" for i in ids if i not in (4, last - 2)} | {3: "three-b", last + 1: "new"}
     assert {k: counts[k] for k in ("inserted", "updated", "deleted", "stale", "tombstones")} == {
         "inserted": 1, "updated": 1, "deleted": 2, "stale": 1, "tombstones": 1}, counts
-    assert tables.held() == {4: (4, 0, 42), 38: (60, 0, 44)}
+    assert tables.held() == {4: (4, 0, last + 2), last - 2: (60, 0, last + 4)}
+
+
+@MERGES
+def test_the_key_scan_splits_a_file_by_its_row_groups_over_its_tasks_and_classifies_as_the_local_path(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
+    ids = preloaded(tables, 40, writer_properties=WriterProperties(max_row_group_size=4))  # one file, 10 row groups
+    tables.slots = 3
+    runs = recording(tables)
+    a_mixed_part(tables, ids)
     if merge == "cluster":
         (tasks,) = runs
-        assert len(tasks) == 3 and max(s.parts for t in tasks for s in t.slices) > 1  # files split by row groups
+        assert len(tasks) == 3 and sorted(s.part for t in tasks for s in t.slices) == [0, 1, 2]
+
+
+@MERGES
+def test_a_table_partitioned_by_its_key_is_scanned_by_several_tasks_and_classified_as_the_local_path(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge, partition_by=["id"])
+    ids = preloaded(tables, 12, partition_by=["id"])  # a file per key, its key in the log only
+    tables.slots = 3
+    runs = recording(tables)
+    a_mixed_part(tables, ids)
+    if merge == "cluster":
+        (tasks,) = runs
+        assert len(tasks) == 3 and all(len(t.slices) == 4 for t in tasks)
