@@ -8,8 +8,10 @@ from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from oncemore.core.errors import CommitConflict
 from oncemore.ops import compaction
 from oncemore.ops.compaction import compact
 
@@ -34,14 +36,55 @@ def test_a_compaction_on_a_snapshot_another_writer_compacted_since_is_undone_and
     ours = DeltaTable(path)  # read before the other writer's compaction
     DeltaTable(path).optimize.compact(partition_filters=[("day", "=", "2026-01-01")])  # the other writer: one day
     # Unguarded, delta-rs commits ours too: the first day's rows in both compacted files.
-    assert compaction.ATTEMPTS > 1
-    metrics = compact(ours, 1 << 30, "pipeline p: maintain: main table")
+    with pytest.raises(CommitConflict, match=r"^pipeline p: maintain: main table: another writer compacted the same "
+                                             r"files meanwhile; this compaction \(version 7\) was undone"):
+        compact(ours, 1 << 30, "pipeline p: maintain: main table")
     assert ids(path) == list(range(6))
-    # The other writer's, ours, its undo (ours removed, the second day's files back), the next attempt's.
-    assert operations(path)[6:] == ["OPTIMIZE", "OPTIMIZE", "WRITE", "OPTIMIZE"]
-    assert metrics["numFilesRemoved"] == 3  # the next attempt compacted the second day alone
+    # The other writer's, ours, its undo (ours removed, the second day's files back).
+    assert operations(path)[6:] == ["OPTIMIZE", "OPTIMIZE", "WRITE"]
+    assert compact(DeltaTable(path), 1 << 30, "again")["numFilesRemoved"] == 3  # run again: the second day
     files = pa.table(DeltaTable(path).get_add_actions(flatten=False)).to_pylist()
-    assert sorted(f["num_records"] for f in files) == [3, 3]
+    assert sorted(f["num_records"] for f in files) == [3, 3] and ids(path) == list(range(6))
+
+
+def test_an_append_landing_right_after_a_racing_compaction_does_not_hide_it(tmp_path, monkeypatch):
+    """delta-rs's compact reads the table again after its commit: the newest version is the append's."""
+    path = str(tmp_path / "t")
+    small_files(path, [date(2026, 1, 1)])
+    ours = DeltaTable(path)
+    DeltaTable(path).optimize.compact()
+    reread = ours.update_incremental
+
+    def append_then_reread():
+        write_deltalake(path, pa.table({"id": [99], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+        monkeypatch.setattr(ours, "update_incremental", reread)
+        reread()
+
+    monkeypatch.setattr(ours, "update_incremental", append_then_reread)
+    with pytest.raises(CommitConflict, match="was undone"):
+        compact(ours, 1 << 30, "pipeline p: maintain: main table")
+    assert ids(path) == [0, 1, 2, 99]
+
+
+def test_a_racing_compaction_a_later_compaction_reached_first_names_the_version_to_restore(tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    small_files(path, [date(2026, 1, 1)])
+    ours = DeltaTable(path)
+    DeltaTable(path).optimize.compact()
+    found = compaction._files_of
+
+    def another_compaction_first(*args):  # lands between ours and its undo, removing our file
+        write_deltalake(path, pa.table({"id": [99], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+        DeltaTable(path).optimize.compact()
+        monkeypatch.setattr(compaction, "_files_of", found)
+        return found(*args)
+
+    monkeypatch.setattr(compaction, "_files_of", another_compaction_first)
+    with pytest.raises(compaction.CompactionRaced, match=r"^pipeline p: maintain: main table: its compaction "
+                                                         r"\(version 4\) .* restore the table to version 3 "):
+        compact(ours, 1 << 30, "pipeline p: maintain: main table")
+    DeltaTable(path).restore(3)
+    assert ids(path) == [0, 1, 2]
 
 
 def test_an_append_landing_during_a_compaction_is_no_race_and_stays(tmp_path):
@@ -50,5 +93,5 @@ def test_an_append_landing_during_a_compaction_is_no_race_and_stays(tmp_path):
     ours = DeltaTable(path)
     write_deltalake(path, pa.table({"id": [9], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
     metrics = compact(ours, 1 << 30, "pipeline p: maintain: main table")
-    assert metrics["numFilesRemoved"] == 3 and ids(path) == [0, 1, 2, 9]
+    assert metrics["numFilesRemoved"] == 3 and ids(path) == [0, 1, 2, 9]  # no race: kept
     assert operations(path)[-1] == "OPTIMIZE" and operations(path).count("WRITE") == 4  # the appends alone
