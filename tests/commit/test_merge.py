@@ -434,7 +434,7 @@ def test_on_the_cluster_a_key_on_two_rows_in_files_two_scan_tasks_read_is_refuse
     versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
     tables.slots = 2
     runs = recording(tables)
-    with pytest.raises(RewriteMiscount, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .*: key \{'id': 1\} is on two rows "
+    with pytest.raises(RewriteMiscount, match=r"^pipeline p \(t/0 offsets \[2, 3\)\): .*: key \{\"id\": 1\} is on two rows "
                                               r"of the table; nothing was committed"):
         tables.apply([(1, "one-b", "upsert", 3, 2)])
     (tasks,) = runs

@@ -220,7 +220,9 @@ def scan_keys(table: DeltaTable, probe: pa.Table, keys: tuple[str, ...], columns
     twice = twice.filter(pc.greater(twice.column("count_all"), 1))
     if twice.num_rows:
         key = twice.select(list(keys)).slice(0, 1).to_pylist()[0]
-        raise RewriteMiscount(f"{where}: key {key} is on two rows of the table; {NOTHING}", key=str(key))
+        raise RewriteMiscount(f"{where}: key {json.dumps(key, default=str)} is on two rows of the table; {NOTHING}; "
+                              "remove one (oncemore delete --where on the key and its _kafka_offset), then run again",
+                              key=str(key))
     log.info("%s: the cluster MERGE scanned the keys of %d files in %d tasks in %.1fs: %d rows read, %d of the "
              "part's %d keys found", where, len(adds), len(tasks), time.perf_counter() - began,
              sum(s.read for r in results for s in r.slices), found.num_rows, probe.num_rows)
@@ -296,12 +298,13 @@ def locate(scanned: Scanned, changing: pa.Table, keys: tuple[str, ...],
     owner = np.full(changing.num_rows, -1, np.int64)
     files = held_rows.column(FILE_COLUMN).to_numpy()
     touched: list[TouchedFile] = []
-    for index, count in zip(*np.unique(files, return_counts=True)):
+    indexes, owner[held_rows.column("_row").to_numpy()], counts = np.unique(files, return_inverse=True,
+                                                                           return_counts=True)
+    for index, count in zip(indexes, counts):
         add = scanned.adds[index]
         if delta_rs_spelling(add["path"]) != add["path"]:
             raise UnremovableFile(f"{where}: {UNREMOVABLE.format(path=add['path'])}; {NOTHING}; {WAY_OUT}",
                                   path=add["path"])
-        owner[held_rows.column("_row").to_numpy()[files == index]] = len(touched)
         # The log's path is URL-encoded; delta-rs's actions take it decoded.
         touched.append(TouchedFile(unquote(add["path"]), add["size_bytes"], scanned.values[index], int(count)))
     return touched, pa.array(owner)

@@ -320,7 +320,8 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     keys, order, like = list(spec.keys), [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else [], changes.latest.schema
     wanted = _universe(changes, keys) if spec.sequenced else changes.latest.select(keys)
     scanned = scan_keys(table, wanted, spec.keys, order, cluster, where) if cluster is not None else None
-    rows = (scanned.rows.select([*keys, *order]).cast(pa.schema([like.field(n) for n in (*keys, *order)]))
+    rows = (scanned.rows.select([*keys, *order]).cast(pa.schema([like.field(n).with_nullable(True)
+                                                                  for n in (*keys, *order)]))
             if scanned is not None else _read(table, spec.keys, wanted, order, like))
     if spec.sequenced:
         decision = _decide(changes, wanted, rows, table, tombstones.snapshot(), spec)
