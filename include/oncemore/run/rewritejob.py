@@ -22,8 +22,8 @@ from oncemore.commit.copyonwrite import ClusterRewrite
 from oncemore.commit.part import Part
 from oncemore.core.errors import TaskFailed, root_cause
 from oncemore.run.session import slots
-from oncemore.write.keyscan import ScanResult, ScanTask
-from oncemore.write.rewrite import RewriteResult, RewriteTask
+from oncemore.write.keyscan import ScanResult, ScanTask, scan
+from oncemore.write.rewrite import RewriteResult, RewriteTask, rewrite
 
 
 def cluster_rewrite(spark, part: Part, storage_options: Mapping[str, str] | None) -> ClusterRewrite:
@@ -32,38 +32,24 @@ def cluster_rewrite(spark, part: Part, storage_options: Mapping[str, str] | None
     with the part)."""
     options = dict(storage_options or {})
 
-    def rewrite_tasks(tasks: list[RewriteTask]) -> list[RewriteResult]:
+    def on_cluster(tasks: list, kind: type, work: Callable, result: type, doing: str) -> list:
         texts = [t.to_json() for t in tasks]
 
-        def rewrite_each(batches):
-            from oncemore.write.rewrite import RewriteTask, rewrite  # noqa: F811 (on the executor)
-
+        def each(batches):  # on the executor: ``work`` and ``kind`` travel by reference (oncemore is importable there)
             for batch in batches:
-                done = [rewrite(RewriteTask.from_json(texts[i]), options).to_json() for i in batch.column("id").to_pylist()]
+                done = [work(kind.from_json(texts[i]), options).to_json() for i in batch.column("id").to_pylist()]
                 yield pa.RecordBatch.from_arrays([pa.array(done, pa.string())], names=["result"])
 
-        return [RewriteResult.from_json(r) for r in _collect(spark, part, len(texts), rewrite_each,
-                                                              "rewriting the table's files for its upserts")]
+        return [result.from_json(r) for r in _collect(spark, part, len(texts), each, doing)]
 
-    def scan_tasks(tasks: list[ScanTask]) -> list[ScanResult]:
-        texts = [t.to_json() for t in tasks]
-
-        def scan_each(batches):
-            from oncemore.write.keyscan import ScanTask, scan  # noqa: F811 (on the executor)
-
-            for batch in batches:
-                done = [scan(ScanTask.from_json(texts[i]), options).to_json() for i in batch.column("id").to_pylist()]
-                yield pa.RecordBatch.from_arrays([pa.array(done, pa.string())], names=["result"])
-
-        return [ScanResult.from_json(r) for r in _collect(spark, part, len(texts), scan_each,
-                                                           "scanning the table's keys for its upserts")]
-
-    return ClusterRewrite(rewrite_tasks, scan_tasks, f"{part.changes_uri}-rewrite", storage_options, slots(spark))
+    return ClusterRewrite(
+        lambda tasks: on_cluster(tasks, RewriteTask, rewrite, RewriteResult, "rewriting the table's files for its upserts"),
+        lambda tasks: on_cluster(tasks, ScanTask, scan, ScanResult, "scanning the table's keys for its upserts"),
+        f"{part.changes_uri}-rewrite", storage_options, slots(spark))
 
 
 def _collect(spark, part: Part, count: int, work: Callable, doing: str) -> list[str]:
-    """``work`` (it imports what it runs: the closure travels, not this module) run over ``count``
-    tasks, one a Spark task; their results' JSON, in the tasks' order."""
+    """``work`` run over ``count`` tasks, one a Spark task; their results' JSON, in the tasks' order."""
     try:
         rows = spark.range(0, count, 1, count).mapInArrow(work, "result string").collect()
     except Exception as exc:
