@@ -47,16 +47,26 @@ def test_a_compaction_on_a_snapshot_another_writer_compacted_since_is_undone_and
     assert sorted(f["num_records"] for f in files) == [3, 3] and ids(path) == list(range(6))
 
 
-def test_an_append_landing_right_after_a_racing_compaction_does_not_hide_it(tmp_path, monkeypatch):
-    """delta-rs's compact reads the table again after its commit: the newest version is the append's."""
+def raced(tmp_path) -> tuple[str, DeltaTable]:
+    """A table of small files, a snapshot of it, and the other writer's compaction since."""
     path = str(tmp_path / "t")
     small_files(path, [date(2026, 1, 1)])
     ours = DeltaTable(path)
     DeltaTable(path).optimize.compact()
+    return path, ours
+
+
+def append(path, id_: int) -> None:
+    write_deltalake(path, pa.table({"id": [id_], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+
+
+def test_an_append_landing_right_after_a_racing_compaction_does_not_hide_it(tmp_path, monkeypatch):
+    """delta-rs's compact reads the table again after its commit: the newest version is the append's."""
+    path, ours = raced(tmp_path)
     reread = ours.update_incremental
 
     def append_then_reread():
-        write_deltalake(path, pa.table({"id": [99], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+        append(path, 99)
         monkeypatch.setattr(ours, "update_incremental", reread)
         reread()
 
@@ -67,14 +77,11 @@ def test_an_append_landing_right_after_a_racing_compaction_does_not_hide_it(tmp_
 
 
 def test_a_racing_compaction_a_later_compaction_reached_first_names_the_version_to_restore(tmp_path, monkeypatch):
-    path = str(tmp_path / "t")
-    small_files(path, [date(2026, 1, 1)])
-    ours = DeltaTable(path)
-    DeltaTable(path).optimize.compact()
+    path, ours = raced(tmp_path)
     found = compaction._files_of
 
     def another_compaction_first(*args):  # lands between ours and its undo, removing our file
-        write_deltalake(path, pa.table({"id": [99], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+        append(path, 99)
         DeltaTable(path).optimize.compact()
         monkeypatch.setattr(compaction, "_files_of", found)
         return found(*args)
@@ -91,7 +98,7 @@ def test_an_append_landing_during_a_compaction_is_no_race_and_stays(tmp_path):
     path = str(tmp_path / "t")
     small_files(path, [date(2026, 1, 1)])
     ours = DeltaTable(path)
-    write_deltalake(path, pa.table({"id": [9], "day": [date(2026, 1, 1)]}), partition_by=["day"], mode="append")
+    append(path, 9)
     metrics = compact(ours, 1 << 30, "pipeline p: maintain: main table")
     assert metrics["numFilesRemoved"] == 3 and ids(path) == [0, 1, 2, 9]  # no race: kept
     assert operations(path)[-1] == "OPTIMIZE" and operations(path).count("WRITE") == 4  # the appends alone
