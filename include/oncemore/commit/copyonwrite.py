@@ -54,7 +54,7 @@ from oncemore.core.errors import InvalidDataFile, OncemoreError
 from oncemore.core.storage import filesystem
 from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
-from oncemore.write.files import DataFile, partition_value_text
+from oncemore.write.files import DataFile, logged_partition_values
 from oncemore.write.keyscan import FILE_COLUMN, FileSlice, ScanResult, ScanTask, matches_schema
 from oncemore.write.rewrite import RewriteResult, RewriteTask, TouchedFile
 
@@ -202,7 +202,7 @@ def scan_keys(table: DeltaTable, probe: pa.Table, keys: tuple[str, ...], columns
     (write/keyscan.py), checked (module docstring); a key on two rows of the table is refused."""
     adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
     partition_columns = list(table.metadata().partition_columns)
-    values = [{c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns} for add in adds]
+    values = [logged_partition_values(add, partition_columns) for add in adds]
     schema = pa.schema(table.schema().to_arrow())
     shape = matches_schema(schema, keys, tuple(columns))
     if not probe.num_rows or not adds:

@@ -31,8 +31,9 @@ MERGE in this process; ``cluster``, a copy-on-write of the touched files by the 
 committed by delta-rs with the positions in one commit (copyonwrite.py). The table's rows of the
 part's keys come from this process's scan of the table (local), or from the cluster's key scan,
 whose matches also locate the files to rewrite (cluster); the tombstones table and a placeholder's
-stored values are read here either way. The classification and the counts are the same either way, and either way a changed key in a file delta-rs cannot remove
-(removable.py) refuses the part before its first commit.
+stored values are read here either way. The classification and the counts are the same either
+way, and either way a changed key in a file delta-rs cannot remove (removable.py) refuses the part
+before its first commit.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 
 from oncemore.core.errors import OncemoreError
 from oncemore.core.storage import filesystem
-from oncemore.write.files import partition_value_text
+from oncemore.write.files import logged_partition_values
 from oncemore.write.rewrite import column_batches
 
 # What delta-rs (1.6) leaves unescaped in a remove action's path; it escapes every other
@@ -66,7 +66,7 @@ def holding(table: DeltaTable, files: list[dict], columns: list[str], probe: pa.
     fs, root = filesystem(table.table_uri, storage_options)
     found = []
     for add in files:
-        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
+        values = logged_partition_values(add, partition_columns)
         if any(batch.join(probe, columns, join_type="inner").num_rows
                for batch in column_batches(pq.ParquetFile(fs.open_input_file(f"{root}/{unquote(add['path'])}")),
                                            tuple(columns), values, schema)):

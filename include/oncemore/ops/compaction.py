@@ -29,7 +29,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from oncemore.core.errors import CommitConflict, OncemoreError
 from oncemore.core.storage import filesystem
-from oncemore.write.files import partition_value_text
+from oncemore.write.files import logged_partition_values
 
 TAG = "oncemore.compaction"  # in a compaction's commit info: finds its version among others'
 UNDO_ATTEMPTS = 3  # snapshots an undo is tried on while appends land
@@ -116,7 +116,7 @@ def _undo(table: DeltaTable, added: list[str], removed_live: list[dict], version
     actions: list = [RemoveAction(unquote(path), False, now_ms) for path in added]
     for add in removed_live:
         stats = json.dumps({"numRecords": add["num_records"], "nullCount": add.get("null_count") or {}})
-        values = {c: partition_value_text((add.get("partition") or {}).get(c)) for c in partition_columns}
+        values = logged_partition_values(add, partition_columns)
         actions.append(AddAction(unquote(add["path"]), add["size_bytes"], values, add["modification_time"], False,
                                  stats))
     table.create_write_transaction(actions, mode="append", schema=table.schema(), partition_by=partition_columns or None,

@@ -141,6 +141,12 @@ def partition_value_text(value) -> str | None:
     return str(value)
 
 
+def logged_partition_values(add: Mapping, columns) -> dict[str, str | None]:
+    """A live file's partition values (an add action as delta-rs's ``get_add_actions`` lists it,
+    typed) as the log spells them, for ``columns``."""
+    return {c: partition_value_text((add.get("partition") or {}).get(c)) for c in columns}
+
+
 def escape_path_name(text: str) -> str:
     return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPED or ord(c) < 0x20 else c for c in text)
 
