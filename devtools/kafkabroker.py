@@ -1,7 +1,9 @@
 """A local Apache Kafka broker for the demo, the tests and the benchmarks, and a producer of sample data.
 
 ``start_kafka()``: Apache Kafka itself, one node in KRaft combined mode (broker and controller),
-from the jars scripts/setup copies for devtools/kafka/pom.xml. It returns once a client gets
+from the jars scripts/setup copies for devtools/kafka/pom.xml (Kafka 4.4), or with
+``version="3.9"`` for devtools/kafka/3.9/pom.xml (Kafka 3.9, the last 3.x line, which many users
+still run: a quorum of static voters, as a 3.x cluster has, and logging through log4j 1). It returns once a client gets
 cluster metadata naming the broker and a leader for every partition, not when a port opens; it
 never leaves its JVM behind: not when stopped, when it fails to start, or when the interpreter that
 started it exits. With ``data_dir`` it persists, and ``restart()`` (after ``stop()`` or ``kill()``)
@@ -15,14 +17,16 @@ StandardAuthorizer): users (``add_scram_user``) and ACLs (``allow``) go through 
 
 ``start_detached_kafka()``: the same broker for a developer's own topics, on a fixed port, outliving
 the command that starts it, its data kept between starts. Run (scripts/kafka):
-``python -m devtools.kafkabroker start [--port 9092] [--data-dir DIR] | stop | status``.
+``python -m devtools.kafkabroker start [--port 9092] [--data-dir DIR] [--kafka-version 3.9] | stop | status``.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import base64
 import datetime
+import functools
 import hashlib
 import ipaddress
 import json
@@ -35,6 +39,7 @@ import tempfile
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -58,8 +63,35 @@ from devtools.processes import serve_main, serving, start_detached, stop_process
 
 Record = tuple[int, bytes | None, bytes | None, int | None]  # (partition, key, value, timestamp ms)
 KAFKA_DEVTOOLS = Path(__file__).resolve().parent / "kafka"
-KAFKA_POM = KAFKA_DEVTOOLS / "pom.xml"
-KAFKA_LOG4J = KAFKA_DEVTOOLS / "log4j2.xml"
+
+
+@dataclass(frozen=True)
+class KafkaRelease:
+    """A pinned Apache Kafka broker: the pom naming its jars (scripts/setup copies them into the cache
+    directory ``cache``-<the pom's hash>) and what differs in starting it."""
+
+    pom: Path
+    cache: str
+    logging: str  # the JVM option naming its logging configuration (the same server.log either way)
+    # A quorum found through controller.quorum.bootstrap.servers, its storage formatted --standalone
+    # (KIP-853, Kafka 4's way); else the static voters of controller.quorum.voters, as 3.x clusters run.
+    dynamic_quorum: bool
+    # Settings of ours only this release knows (others warn of them as unknown at every start).
+    properties: dict[str, str]
+
+
+KAFKA_RELEASES = {
+    "4.4": KafkaRelease(KAFKA_DEVTOOLS / "pom.xml", "kafka", f"-Dlog4j2.configurationFile={KAFKA_DEVTOOLS / 'log4j2.xml'}",
+                        dynamic_quorum=True,
+                        # One node: the share groups' state topic (KIP-932, Kafka 4) has one replica.
+                        properties={"share.coordinator.state.topic.replication.factor": "1",
+                                    "share.coordinator.state.topic.min.isr": "1"}),
+    "3.9": KafkaRelease(KAFKA_DEVTOOLS / "3.9" / "pom.xml", "kafka-3.9",
+                        f"-Dlog4j.configuration={(KAFKA_DEVTOOLS / '3.9' / 'log4j.properties').as_uri()}",
+                        dynamic_quorum=False, properties={}),
+}
+DEFAULT_KAFKA_VERSION = "4.4"  # the tests', the demo's and the benchmarks' broker unless told otherwise
+VERSION_FILE = "kafka-version"  # in a broker's data directory: the release that formatted it
 # Measured on 2 shared cores (median of 5 starts, the JVM's start to a metadata answer): 2.45 s
 # with only -Xmx512m; with the C1 compiler alone (TieredStopAtLevel=1) 2.0 s, and half the broker's
 # CPU over a million records produced and read, at the same rates: C2's compiling costs more than
@@ -360,16 +392,36 @@ def setup_cache_dir(pom: Path, prefix: str, what: str) -> Path:
     return directory
 
 
-def kafka_jars_dir() -> Path:
-    """The jars scripts/setup copied for devtools/kafka/pom.xml."""
-    return setup_cache_dir(KAFKA_POM, "kafka", "the Kafka broker's jars")
+def kafka_release(version: str) -> KafkaRelease:
+    try:
+        return KAFKA_RELEASES[version]
+    except KeyError:
+        raise ValueError(f"no Kafka {version!r} broker here: the versions are {', '.join(KAFKA_RELEASES)}") from None
+
+
+def kafka_jars_dir(version: str = DEFAULT_KAFKA_VERSION) -> Path:
+    """The jars scripts/setup copied for the pom of Kafka ``version`` (KAFKA_RELEASES)."""
+    return setup_cache_dir(kafka_release(version).pom, kafka_release(version).cache, f"the Kafka {version} broker's jars")
+
+
+def kafka_full_version(version: str = DEFAULT_KAFKA_VERSION) -> str:
+    """The exact release of Kafka ``version``'s broker (4.4.0, 3.9.1), as its jar is named."""
+    (jar,) = kafka_jars_dir(version).glob("kafka_2.13-*.jar")
+    return jar.stem.removeprefix("kafka_2.13-")
+
+
+def _quorum_properties(release: KafkaRelease, controller_port: int) -> dict[str, str]:
+    if release.dynamic_quorum:
+        return {"controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}"}
+    return {"controller.quorum.voters": f"1@127.0.0.1:{controller_port}"}  # node.id 1, the only voter
 
 
 def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None = None, user: str = "admin",
                 password: str = "admin", configs: dict[str, str] | None = None, seconds: float = 90,
                 jvm_options: list[str] | None = None, tls: DevCertificates | None = None,
-                authorizer: bool = False) -> DevBroker:
-    """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1.
+                authorizer: bool = False, version: str = DEFAULT_KAFKA_VERSION) -> DevBroker:
+    """An Apache Kafka broker, one node of its own KRaft quorum, on free ports of 127.0.0.1: Kafka
+    ``version`` (KAFKA_RELEASES: 4.4, or 3.9), every option alike on either.
 
     ``data_dir`` (absent or empty) keeps its properties, data and log (``logs/server.log``) for
     ``restart()``; without it they live in a temporary directory that ``stop()`` removes. With
@@ -391,7 +443,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         raise ValueError(f"sasl must be one of {', '.join(SCRAM_MECHANISMS)}, not {sasl!r}")
     if sasl and any(c in f"{user}{password}" for c in ",\n"):
         raise ValueError("a SCRAM user or password for the local broker cannot hold a comma or a line break")
-    jars = kafka_jars_dir()
+    release, jars = kafka_release(version), kafka_jars_dir(version)
     temporary_dir = None if data_dir else Path(tempfile.mkdtemp(prefix="oncemore-kafka-"))
     root = Path(data_dir or temporary_dir).resolve()
     if data_dir and root.exists() and any(root.iterdir()):
@@ -413,7 +465,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     properties = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        **_quorum_properties(release, controller_port),
         "controller.listener.names": "CONTROLLER",
         "listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in {**ports, "CONTROLLER": controller_port}.items()),
         "advertised.listeners": ",".join(f"{name}://127.0.0.1:{p}" for name, p in ports.items()),
@@ -425,8 +477,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
         "offsets.topic.replication.factor": "1",
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        **release.properties,
         # One partition each, not 50: the first group's offset commit took 0.4-0.5 s (now and then
         # failing NOT_COORDINATOR while its partition loaded), now 0.08 s; a fresh data directory
         # holds 3 partitions, not 101.
@@ -473,6 +524,7 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     properties.update(configs or {})
     properties_path = root / "server.properties"
     properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+    (root / VERSION_FILE).write_text(f"{version}\n")
     broker = DevBroker(f"127.0.0.1:{ports[client_listener]}", client_options=client_options,
                        log_path=root / "logs" / "server.log", temporary_dir=temporary_dir,
                        listeners={name: f"127.0.0.1:{p}" for name, p in ports.items()})
@@ -482,8 +534,8 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     common = [f"-Djava.io.tmpdir={root / 'tmp'}", "-cp", str(jars / "*")]
     try:
         _format_kafka_storage([java, *_kafka_jvm_options(jars), *common], root, properties_path,
-                              sasl and (sasl, user, password))
-        command = _kafka_command(java, jars, root, jvm_options)
+                              sasl and (sasl, user, password), release)
+        command = _kafka_command(java, version, root, jvm_options)
         broker.launch = lambda: _launch_kafka(command, root, broker, seconds)
         broker.process = broker.launch()
         _kafka_brokers.append((os.getpid(), broker))
@@ -493,11 +545,13 @@ def start_kafka(*, data_dir: str | os.PathLike | None = None, sasl: str | None =
     return broker
 
 
-def _kafka_command(java: str, jars: Path, root: Path, jvm_options: list[str] | None) -> list[str]:
-    """The broker JVM of the data directory ``root`` (its server.properties, logs and temporary files)."""
+def _kafka_command(java: str, version: str, root: Path, jvm_options: list[str] | None) -> list[str]:
+    """The Kafka ``version`` broker JVM of the data directory ``root`` (its server.properties, logs
+    and temporary files)."""
+    jars = kafka_jars_dir(version)
     return [java, *(_kafka_jvm_options(jars) if jvm_options is None else jvm_options),
             f"-Djava.io.tmpdir={root / 'tmp'}", "-cp", str(jars / "*"),
-            f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={root / 'logs'}",
+            kafka_release(version).logging, f"-Dkafka.logs.dir={root / 'logs'}",
             "kafka.Kafka", str(root / "server.properties")]
 
 
@@ -508,13 +562,15 @@ def _kafka_jvm_options(jars: Path) -> list[str]:
 
 
 def _format_kafka_storage(java: list[str], root: Path, properties_path: Path,
-                          scram: tuple[str, str, str] | None) -> None:
+                          scram: tuple[str, str, str] | None, release: KafkaRelease) -> None:
     """Formats the node's log directory as a new cluster whose only voter it is (StorageTool ends
-    its JVM with exit, so it runs in one of its own), adding the SCRAM user if any."""
+    its JVM with exit, so it runs in one of its own), adding the SCRAM user if any. A static
+    quorum names its voters in the properties; a dynamic one's first voter is ``--standalone``."""
     cluster_id = "-"
     while cluster_id.startswith("-"):  # Kafka's own ids never start with one: it reads as an option
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    arguments = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties_path), "--standalone"]
+    arguments = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties_path),
+                 *(["--standalone"] if release.dynamic_quorum else [])]
     if scram:
         mechanism, user, password = scram
         arguments += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
@@ -618,16 +674,16 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def write_kafka_class_archive() -> Path:
+def write_kafka_class_archive(version: str = DEFAULT_KAFKA_VERSION) -> Path:
     """Writes the class-data archive (Java's AppCDS) that later broker and format JVMs start from,
-    into the jars directory: once, from scripts/setup. A broker started with the archive-writing
+    into the jars directory of Kafka ``version``: once, from scripts/setup. A broker started with the archive-writing
     option serves what tests do first (topics, transactions, a group's offsets), and its JVM writes
     the classes it loaded as it exits (about 4 s); the archive takes its final name only then, whole."""
     from confluent_kafka import Consumer
 
-    archive = kafka_jars_dir() / KAFKA_CLASS_ARCHIVE
+    archive = kafka_jars_dir(version) / KAFKA_CLASS_ARCHIVE
     written = archive.with_name(f"{archive.name}.{os.getpid()}.writing")
-    broker = start_kafka(jvm_options=[*KAFKA_JVM_OPTIONS, f"-XX:ArchiveClassesAtExit={written}"])
+    broker = start_kafka(jvm_options=[*KAFKA_JVM_OPTIONS, f"-XX:ArchiveClassesAtExit={written}"], version=version)
     try:
         broker.create_topic("classes", 2)
         broker.produce("classes", [(0, b"k", b"v", None), (1, None, b"w", None)], transactional_id="classes")
@@ -673,15 +729,23 @@ def running(broker: DevBroker) -> Iterator[DevBroker]:
         broker.stop()
 
 
-def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90) -> int:
-    """Starts the broker of ``data_dir`` on 127.0.0.1:``port``, detached (devtools.processes), and
-    returns its pid once it serves: a new directory is formatted by start_kafka (the tests' broker
-    settings, proven to serve), an existing one starts with its topics and records. The ports are
-    set at every start (a node's listeners may change; its controller's takes a free port), so one
-    data directory may move to another port."""
+def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90,
+                         version: str = DEFAULT_KAFKA_VERSION) -> int:
+    """Starts the Kafka ``version`` broker of ``data_dir`` on 127.0.0.1:``port``, detached
+    (devtools.processes), and returns its pid once it serves: a new directory is formatted by
+    start_kafka (the tests' broker settings, proven to serve), an existing one starts with its
+    topics and records, if the same release formatted it. The ports are set at every start (a
+    node's listeners may change; its controller's takes a free port), so one data directory may
+    move to another port."""
+    release = kafka_release(version)
     properties_path = data_dir / "server.properties"
     if not properties_path.is_file():
-        start_kafka(data_dir=data_dir, seconds=seconds).stop()  # with a data_dir, stop() keeps it
+        start_kafka(data_dir=data_dir, seconds=seconds, version=version).stop()  # with a data_dir, stop() keeps it
+    # Directories from before the file was written are 4.4's, the only broker there was.
+    formatted_by = (data_dir / VERSION_FILE).read_text().strip() if (data_dir / VERSION_FILE).is_file() else "4.4"
+    if formatted_by != version:
+        raise ValueError(f"{data_dir} holds a Kafka {formatted_by} broker's data: start it as Kafka {formatted_by}, "
+                         f"or Kafka {version} on another data directory")
     properties = dict(line.split("=", 1) for line in properties_path.read_text().splitlines() if "=" in line)
     if set(properties["listener.security.protocol.map"].split(",")) != {"PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"}:
         raise ValueError(f"{data_dir} holds a broker with other listeners than PLAINTEXT: it cannot serve here")
@@ -689,11 +753,11 @@ def start_detached_kafka(data_dir: Path, port: int = 9092, seconds: float = 90) 
     properties.update({
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        **_quorum_properties(release, controller_port),
     })
     properties_path.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    command = _kafka_command(java, kafka_jars_dir(), data_dir, None)
+    command = _kafka_command(java, version, data_dir, None)
     broker = DevBroker(f"127.0.0.1:{port}", log_path=data_dir / "logs" / "server.log")
     return start_detached(command, data_dir, data_dir / "logs" / "jvm.out",
                           lambda process: _wait_kafka_ready(process, broker, seconds))
@@ -708,6 +772,26 @@ def detached_kafka_address(data_dir: Path) -> tuple[int, str]:
     raise ValueError(f"{data_dir / 'server.properties'} names no advertised listener")
 
 
+def add_kafka_version_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--kafka-version`` (KAFKA_RELEASES) of a command starting a broker: the release ``what``."""
+    parser.add_argument("--kafka-version", choices=list(KAFKA_RELEASES), default=DEFAULT_KAFKA_VERSION,
+                        help=f"the Apache Kafka release {what} (default {DEFAULT_KAFKA_VERSION})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """scripts/kafka: serve_main's commands, for the broker of ``--kafka-version``, whose data lives
+    apart from the other release's by default (a data directory is one release's)."""
+    versions = argparse.ArgumentParser(add_help=False)
+    add_kafka_version_option(versions, "to run; the same for status and stop")
+    version = versions.parse_known_args(argv)[0].kafka_version
+    default = version == DEFAULT_KAFKA_VERSION
+    # The commands it prints (`... stop`) name the release, whose default data directory they act on.
+    return serve_main(argv, prog="scripts/kafka" + ("" if default else f" --kafka-version {version}"),
+                      what="the Kafka broker" if default else f"the Kafka {version} broker",
+                      name="kafka" if default else f"kafka-{version}", default_port=9092,
+                      start=functools.partial(start_detached_kafka, version=version), address=detached_kafka_address,
+                      parents=[versions])
+
+
 if __name__ == "__main__":
-    raise SystemExit(serve_main(None, prog="scripts/kafka", what="the Kafka broker", name="kafka", default_port=9092,
-                                start=start_detached_kafka, address=detached_kafka_address))
+    raise SystemExit(main())

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import psutil
 
@@ -113,14 +113,17 @@ def port_taken(port: int) -> bool:
 
 
 def serve_main(argv: list[str] | None, *, prog: str, what: str, name: str, default_port: int,
-               start: Callable[[Path, int], int], address: Callable[[Path], tuple[int, str]]) -> int:
+               start: Callable[[Path, int], int], address: Callable[[Path], tuple[int, str]],
+               parents: Sequence[argparse.ArgumentParser] = ()) -> int:
     """The command line of a detached server: ``start [--port] [--data-dir]``, ``stop``, ``status``.
 
     ``start(data_dir, port)`` starts ``what`` and returns its pid once it serves; ``address(data_dir)``
-    is the port and the address the one of ``data_dir`` serves on. Exit codes: 0 done (or already
+    is the port and the address the one of ``data_dir`` serves on; ``parents`` add options the
+    caller has read already (their parsers, for the help). Exit codes: 0 done (or already
     so), 1 failed (or running on another port than asked), 3 ``status`` of a server not running (as
     LSB init scripts say it)."""
-    parser = argparse.ArgumentParser(prog=prog, description=f"Runs {what} in the background for your own use.")
+    parser = argparse.ArgumentParser(prog=prog, description=f"Runs {what} in the background for your own use.",
+                                     parents=list(parents))
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--port", type=int, default=default_port,
                         help=f"start: the port on 127.0.0.1 to serve on (default {default_port})")
