@@ -2,7 +2,7 @@
 Streaming, Spark's Kafka source, from_json/from_avro, a delta-spark sink, Trigger.AvailableNow), in
 one run, on the same local Apache Kafka broker, the same topics and the same cores (local[2]).
 
-    scripts/benchmark peers [--records 1000000] [--repeats 3]
+    scripts/benchmark peers [--records 1000000] [--repeats 3] [--kafka-version 3.9]
 
 Every figure is a whole process, start to exit, as a scheduler starts each (`oncemore run` and
 `spark-submit`), or on a resident Spark (a Spark Connect server with the peer's jars, both
@@ -154,10 +154,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    kafkabroker.add_kafka_version_option(parser, "of the local broker")
     args = parser.parse_args()
     n, repeats = args.records, args.repeats
     work = Path(tempfile.mkdtemp(prefix="oncemore-peers-"))
-    broker, registry = kafkabroker.start_kafka(), start_registry()
+    broker, registry = kafkabroker.start_kafka(version=args.kafka_version), start_registry()
     server = None
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -174,7 +175,8 @@ def main() -> None:
                         count, PARTITIONS)}
         formats = {"flat": FLAT, "nested": NESTED, "avro": avro_fmt}
         print(f"oncemore vs Structured Streaming + delta-spark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
-              f"local[2], Apache Kafka on this machine, {n:,} records a bulk run, median of {repeats}", flush=True)
+              f"local[2], Apache Kafka {kafkabroker.kafka_full_version(args.kafka_version)} on this machine, "
+              f"{n:,} records a bulk run, median of {repeats}", flush=True)
         print("\n| what | oncemore | peer | ratio | ahead |\n|---|---|---|---|---|")
 
         broker.create_topic("small", PARTITIONS)

@@ -1,7 +1,8 @@
 """Ingestion throughput: the oncemore pipeline next to a raw single-process confluent-kafka consume
-of the same offsets, in one run, on a local Apache Kafka broker (kafkabroker.start_kafka()).
+of the same offsets, in one run, on a local Apache Kafka broker (kafkabroker.start_kafka(): 4.4, or
+3.9 with ``--kafka-version 3.9``).
 
-    scripts/benchmark [--records 1000000] [--few N] [--partitions 4] [--formats]
+    scripts/benchmark [--records 1000000] [--few N] [--partitions 4] [--formats] [--kafka-version 3.9]
 
 Prints records/s for each, and the ratios of their marginal rates: each is measured on the first
 ``--few`` records (default: half of every partition) and on all of them, five times each in one
@@ -395,6 +396,7 @@ def main() -> None:
     parser.add_argument("--few", type=int, help="the smaller runs' records (default: half of --records)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--formats", action="store_true", help="also the transform path, nested JSON, Avro, Protobuf")
+    kafkabroker.add_kafka_version_option(parser, "of the local broker")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n, parts = args.records, args.partitions
@@ -403,7 +405,9 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="oncemore-bench-")
     try:
-        with kafkabroker.running(kafkabroker.start_kafka()) as broker:
+        with kafkabroker.running(kafkabroker.start_kafka(version=args.kafka_version)) as broker:
+            print(f"on Apache Kafka {kafkabroker.kafka_full_version(args.kafka_version)} (a local single-node broker)",
+                  flush=True)
             started = time.perf_counter()
             for topic, count in (("bench", parts), ("bench_one", 1)):
                 broker.create_topic(topic, count)
