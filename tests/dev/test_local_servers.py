@@ -88,6 +88,23 @@ def test_scripts_kafka_serves_on_its_port_keeps_the_records_between_starts_and_s
         script("kafka", "stop", *where)
 
 
+def test_scripts_kafka_starts_a_data_directory_only_as_the_release_that_formatted_it(tmp_path):
+    # Nothing starts: the release is checked before any JVM (a 4.4 directory fails on 3.9 deep in its metadata).
+    made_by = {"kafka-44": None, "kafka-39": "3.9"}  # directories from before the version file are 4.4's
+    for name, version in made_by.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "server.properties").write_text("listener.security.protocol.map=PLAINTEXT:PLAINTEXT\n")
+        if version:
+            (tmp_path / name / "kafka-version").write_text(f"{version}\n")
+    port = free_port()
+    as_39 = script("kafka", "--kafka-version", "3.9", "start", "--port", str(port), "--data-dir", str(tmp_path / "kafka-44"))
+    assert as_39.returncode == 1
+    assert "holds a Kafka 4.4 broker's data: start it as Kafka 4.4, or Kafka 3.9 on another data directory" in as_39.stderr
+    as_44 = script("kafka", "start", "--port", str(port), "--data-dir", str(tmp_path / "kafka-39"))
+    assert as_44.returncode == 1 and "holds a Kafka 3.9 broker's data" in as_44.stderr
+    assert not port_taken(port)
+
+
 def test_scripts_registry_keeps_its_schemas_between_starts_and_stop_leaves_no_process(tmp_path):
     data_dir, port = tmp_path / "registry", free_port()
     where = ["--port", str(port), "--data-dir", str(data_dir)]
