@@ -21,6 +21,7 @@ import pytest
 from deltalake import DeltaTable, WriterProperties, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
+from oncemore.commit import merge as merge_module
 from oncemore.commit import removable
 from oncemore.commit.copyonwrite import ClusterRewrite, RemoveMissed, RewriteMiscount, ScanMiscount
 from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
@@ -48,10 +49,11 @@ def scanned_in_process(tasks: list[ScanTask]) -> list[ScanResult]:
 
 class Tables:
     def __init__(self, root, key: pa.Field, sequenced: bool = True, placeholder: str | None = None,
-                 merge: str = "local", **create):
+                 merge: str = "local", arrays: bool = False, **create):
         self.main, self.tombstones = str(root / "main"), str(root / "tombstones")
         self.root, self.merge, self.run_rewrite, self.run_scan, self.slots = root, merge, in_process, scanned_in_process, 1
         self.schema = pa.schema([key, pa.field("v", pa.string()), pa.field("blob", pa.binary())]
+                                + ([pa.field("tags", pa.list_(pa.string()))] if arrays else [])
                                 + ([SEQUENCE_FIELD] if sequenced else []) + METADATA_FIELDS)
         DeltaTable.create(self.main, self.schema, **create)
         DeltaTable.create(self.tombstones, tombstones_schema(pa.schema([key])))
@@ -60,7 +62,7 @@ class Tables:
         self.ends = {0: 0, 1: 0}
 
     def apply(self, changes: list[tuple], start: int | None = None, end: int | None = None):
-        """``changes``: (key, value, change, sequence, offset[, partition[, blob]]) in topic t
+        """``changes``: (key, value, change, sequence, offset[, partition[, blob[, tags]]]) in topic t
         (partition 0 unless said); a partition's range runs from where the last one ended (or
         [start, end) for partition 0)."""
         self.batch += 1
@@ -68,6 +70,8 @@ class Tables:
         part = [c[5] if len(c) > 5 else 0 for c in changes]
         columns = {key: [c[0] for c in changes], "v": [c[1] for c in changes],
                    "blob": [c[6] if len(c) > 6 else None for c in changes]}
+        if "tags" in self.schema.names:
+            columns["tags"] = [c[7] if len(c) > 7 else None for c in changes]
         if self.spec.sequenced:
             columns["_sequence"] = [c[3] for c in changes]
         rows = pa.table({**columns, "_kafka_topic": ["t"] * len(changes), "_kafka_partition": part,
@@ -181,6 +185,34 @@ def test_a_placeholder_keeps_the_stored_value_and_an_unknown_one_is_null_and_cou
     assert tables.rows() == {1: big, 2: "two-b", 3: None, 4: None}
     assert tables.rows("blob") == {1: b"blob-1", 2: b"blob-2b", 3: b"blob-3", 4: None}
     assert counts["unavailable"] == 2 and counts["updated"] == 2 and counts["inserted"] == 2, counts
+
+
+@MERGES
+@pytest.mark.parametrize("sequenced", [True, False], ids=["sequence_by", "offsets"])
+def test_a_placeholder_in_an_array_column_keeps_the_stored_array(tmp_path, sequenced, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), sequenced=sequenced, placeholder=PLACEHOLDER,
+                    merge=merge, arrays=True)
+    tables.apply([(1, "one", "upsert", 1, 0, 0, None, ["a", "b"]), (4, "four", "upsert", 1, 1, 0, None, ["d"])])
+    tables.apply([(2, "two", "upsert", 2, 2, 0, None, ["c"])])  # a second file: the scan's second slice
+    _, counts = tables.apply([(2, "two-b", "upsert", 3, 3, 0, None, [PLACEHOLDER]),  # the stored array
+                              (3, "three", "upsert", 4, 4, 0, None, [PLACEHOLDER])])  # nothing holds it
+    assert tables.rows("tags") == {1: ["a", "b"], 2: ["c"], 3: None, 4: ["d"]}
+    assert tables.rows() == {1: "one", 2: "two-b", 3: "three", 4: "four"}
+    assert counts["unavailable"] == 1 and counts["updated"] == 1 and counts["inserted"] == 1, counts
+
+
+def test_on_the_cluster_this_process_reads_neither_the_table_nor_its_tombstones(tmp_path, monkeypatch):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), placeholder=PLACEHOLDER, merge="cluster", arrays=True)
+    tables.apply([(1, "one", "upsert", 1, 0, 0, b"blob-1", ["a"]), (2, "two", "upsert", 2, 1)])
+    tables.apply([(2, None, "delete", 3, 2)])
+    monkeypatch.setattr(merge_module, "read", lambda *args: pytest.fail(f"read here: {args[0]}"))
+    scanned = []
+    tables.run_scan = lambda tasks: scanned.extend({t.table_uri for t in tasks}) or scanned_in_process(tasks)
+    _, counts = tables.apply([(1, PLACEHOLDER, "upsert", 4, 3, 0, PLACEHOLDER.encode(), [PLACEHOLDER]),
+                              (2, "late", "upsert", 2, 4)])  # older than the delete the tombstones table holds
+    assert {uri.rstrip("/").rsplit("/", 1)[1] for uri in scanned} == {"main", "tombstones"}
+    assert tables.rows() == {1: "one"} and tables.rows("tags") == {1: ["a"]} and tables.rows("blob") == {1: b"blob-1"}
+    assert (counts["updated"], counts["stale"], counts["unavailable"]) == (1, 1, 0), counts
 
 
 def unreferenced(table_uri: str) -> set[str]:

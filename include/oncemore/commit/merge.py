@@ -29,9 +29,9 @@ ones that change a row (none: a commit of the positions alone, committer.merge),
 are checked against the classification. ``upsert.merge`` says where it runs: ``local``, delta-rs's
 MERGE in this process; ``cluster``, a copy-on-write of the touched files by the cluster's tasks,
 committed by delta-rs with the positions in one commit (copyonwrite.py). The table's rows of the
-part's keys come from this process's scan of the table (local), or from the cluster's key scan,
-whose matches also locate the files to rewrite (cluster); the tombstones table and a placeholder's
-stored values are read here either way. The classification and the counts are the same either
+part's keys, with a placeholder's stored values, and the deletes the tombstones table holds of
+them come from this process's scans (local), or from the cluster's key scans, whose matches of the
+main table also locate the files to rewrite (cluster). The classification and the counts are the same either
 way, and either way a changed key in a file delta-rs cannot remove (removable.py) refuses the part
 before its first commit.
 """
@@ -44,11 +44,11 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, held, merge
 from oncemore.commit.copyonwrite import (NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part,
                                          scan_keys)
+from oncemore.commit.keyrows import matched, read, typed
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.removable import WAY_OUT, UnremovableFile, holding, unremovable
 from oncemore.commit.sequencing import check_sequence
@@ -197,17 +197,6 @@ def _after(a: pa.Table, b: pa.Table, names: list[str]) -> pa.Array:
     return result
 
 
-def _matched(latest: pa.Table, other: pa.Table, keys: tuple[str, ...], columns: list[str]) -> pa.Table:
-    """Per row of ``latest`` (one per key), ``other``'s ``columns`` of its key (NULL where ``other``
-    has none; it has at most one per key) and ``_present``. Only keys and ``columns`` are joined:
-    Arrow's join takes no nested payload."""
-    left = latest.select(list(keys)).append_column("_row", pa.array(range(latest.num_rows), pa.int64()))
-    right = other.select([*keys, *columns]).append_column("_present", pa.array([True] * other.num_rows, pa.bool_()))
-    joined = left.join(right, list(keys), join_type="left outer").sort_by("_row")
-    present = pc.fill_null(joined.column("_present"), False)
-    return joined.select(columns).append_column("_present", present)
-
-
 @dataclass
 class _Decision:
     """What a sequenced part does to its keys: the change rows the main MERGE applies, the
@@ -224,7 +213,7 @@ def _universe(changes: Changes, keys: list[str]) -> pa.Table:
     return pa.concat_tables([latest, changes.marks.select(keys).cast(latest.schema)]).group_by(keys).aggregate([])
 
 
-def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTable, held: DeltaTable,
+def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, held: pa.Table, stored: pa.Table | None,
             spec: UpsertSpec) -> _Decision:
     """Under sequence_by, per key of the part: its state is the latest of its part's last event,
     the table's row and the delete the tombstones table holds (module docstring: order); a
@@ -232,14 +221,15 @@ def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTa
     (the delete keeping the state's sequence and the tombstone's coordinates). The part's event
     or tombstone that is that state decides the key; the others are stale, superseded (by a
     tombstone of their partition after them) or tombstones (counted, not applied). ``universe``:
-    the part's keys (_universe); ``rows``: the table's rows of them (keys and order)."""
+    the part's keys (_universe); ``rows``, ``held``: the table's rows and the tombstones table's
+    deletes of them (keys and order); ``stored``: the table's values for placeholders (_kept_values)."""
     latest, marks, counts = changes.latest, changes.marks, dict(changes.counts)
     keys, order = list(spec.keys), [SEQUENCE_COLUMN, *ORDER]
     like = latest.schema
-    event = _matched(universe, latest.append_column("_event", pa.array(range(latest.num_rows), pa.int64())), spec.keys,
+    event = matched(universe, latest.append_column("_event", pa.array(range(latest.num_rows), pa.int64())), spec.keys,
                      [*order, CHANGE_COLUMN, TIMESTAMP_COLUMN, "_event"])
-    row = _matched(universe, rows, spec.keys, order)
-    kept = _matched(universe, _read(held, spec.keys, universe, order, like), spec.keys, order)
+    row = matched(universe, rows, spec.keys, order)
+    kept = matched(universe, held, spec.keys, order)
     # The state before the part's tombstones: the latest of the three (an event equal to a held
     # delete is that delete, whose main commit did not land: the event stays the state).
     names = [*order, "_present"]
@@ -253,7 +243,7 @@ def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTa
     upsert = pc.or_(pc.equal(source, 1), pc.and_(pc.equal(source, 0), pc.equal(change, "upsert")))
     probe = universe.append_column(TOPIC_COLUMN, state.column(TOPIC_COLUMN)).append_column(
         PARTITION_COLUMN, state.column(PARTITION_COLUMN))
-    mark = _matched(probe, marks.cast(pa.schema([like.field(n) for n in marks.column_names])),
+    mark = matched(probe, marks.cast(pa.schema([like.field(n) for n in marks.column_names])),
                     (*spec.keys, *ORDER[:2]), [OFFSET_COLUMN, TIMESTAMP_COLUMN])
     later = pc.fill_null(pc.greater(mark.column(OFFSET_COLUMN), state.column(OFFSET_COLUMN)), False)
     same = pc.fill_null(pc.equal(mark.column(OFFSET_COLUMN), state.column(OFFSET_COLUMN)), False)
@@ -275,7 +265,7 @@ def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTa
     chosen = pc.filter(event.column("_event"), upserts)
     ups = latest.take(chosen)
     if spec.placeholder is not None:
-        ups, counts["unavailable"] = _kept_values(ups, table, spec, counts["unavailable"])
+        ups, counts["unavailable"] = _kept_values(ups, stored, spec, counts["unavailable"])
     gone = universe.filter(pc.and_(deletes, present))
     loose = pa.schema([f.with_nullable(True) for f in like])  # a delete's row is its key alone
     removed = pa.table({n: gone.column(n) if n in keys else pa.nulls(gone.num_rows, like.field(n).type)
@@ -290,14 +280,18 @@ def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, table: DeltaTa
     return _Decision(pa.concat_tables([ups.cast(loose), removed]), kept_deletes, counts)
 
 
-def _kept_values(ups: pa.Table, table: DeltaTable, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
-    """``ups`` with each placeholder left taking the value of the row the table holds (placeholders.py)."""
+def _placeheld(changes: Changes, spec: UpsertSpec) -> list[str]:
+    """The columns where some of the part's last events left a placeholder for the table's value."""
+    return list(unsent(changes.latest, placeheld(changes.latest, spec.keys, spec.placeholder)))
+
+
+def _kept_values(ups: pa.Table, stored: pa.Table, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
+    """``ups`` with each placeholder left taking the value of the row the table holds
+    (placeholders.py); ``stored``: the table's rows of the part's keys, with the _placeheld columns."""
     masks = unsent(ups, placeheld(ups, spec.keys, spec.placeholder))
     if not masks:
         return ups, unavailable
-    needed = ups.filter(reduce(pc.or_, masks.values()))
-    stored = _matched(ups, _read(table, spec.keys, needed, list(masks), ups.schema), spec.keys, list(masks))
-    return with_stored(ups, masks, stored, unavailable)
+    return with_stored(ups, masks, matched(ups, stored, spec.keys, list(masks)), unavailable)
 
 
 def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
@@ -316,22 +310,26 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
     if cluster is not None:  # before the part's first commit
         check_rewritable(table, ledger.table_uri)
-    # The table's rows of the part's keys (their order, under sequence_by): on the cluster, its
-    # scan tasks find them, and the rows' files are where the copy-on-write's changed keys are.
+    # The table's rows of the part's keys (their order under sequence_by, the values placeholders
+    # take), and the deletes the tombstones table holds of them: on the cluster, its scan tasks find
+    # them, and the main rows' files are where the copy-on-write's changed keys are.
     keys, order, like = list(spec.keys), [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else [], changes.latest.schema
     wanted = _universe(changes, keys) if spec.sequenced else changes.latest.select(keys)
-    scanned = scan_keys(table, wanted, spec.keys, order, cluster, where) if cluster is not None else None
-    rows = (scanned.rows.select([*keys, *order]).cast(pa.schema([like.field(n).with_nullable(True)
-                                                                  for n in (*keys, *order)]))
-            if scanned is not None else _read(table, spec.keys, wanted, order, like))
+    columns = [*order, *_placeheld(changes, spec)]
+    scanned = scan_keys(table, wanted, spec.keys, columns, cluster, where) if cluster is not None else None
+    rows = typed(scanned.rows, keys, columns, like) if scanned is not None else read(table, keys, wanted, columns, like)
     if spec.sequenced:
-        decision = _decide(changes, wanted, rows, table, tombstones.snapshot(), spec)
+        kept = tombstones.snapshot()
+        deletes = (typed(scan_keys(kept, wanted, spec.keys, order, cluster, f"{where}; {tombstones.table_uri} version "
+                                   f"{kept.version()}").rows, keys, order, like)
+                   if cluster is not None else read(kept, keys, wanted, order, like))
+        decision = _decide(changes, wanted, rows.select([*keys, *order]), deletes, rows, spec)
         changing, counts = decision.changing, decision.counts
     else:
         # Without a sequence, the positions order the parts: an event of a later part is newer,
         # and only whether the table holds the key matters.
         latest, counts = changes.latest, dict(changes.counts)
-        present = _matched(latest, rows, spec.keys, []).column("_present")
+        present = matched(latest, rows, spec.keys, []).column("_present")
         upserts, deletes = (pc.equal(latest.column(CHANGE_COLUMN), c) for c in ("upsert", "delete"))
         masks = {"inserted": pc.and_(upserts, pc.invert(present)), "updated": pc.and_(upserts, present),
                  "deleted": pc.and_(deletes, present), "noop_deletes": pc.and_(deletes, pc.invert(present))}
@@ -340,7 +338,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
         changing = latest.filter(pc.or_(pc.or_(masks["inserted"], masks["updated"]), masks["deleted"]))
         if spec.placeholder is not None:
             ups = changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "upsert"))
-            ups, counts["unavailable"] = _kept_values(ups, table, spec, counts["unavailable"])
+            ups, counts["unavailable"] = _kept_values(ups, rows, spec, counts["unavailable"])
             changing = pa.concat_tables([ups, changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "delete"))])
     counts_record = replace(record, records={**record.records, **counts},
                             stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))
@@ -374,23 +372,6 @@ def _main_clauses(merger):
     return (merger.when_matched_delete(predicate=f"s.{CHANGE_COLUMN} = 'delete'")
             .when_matched_update_all(predicate=f"s.{CHANGE_COLUMN} = 'upsert'", except_cols=[CHANGE_COLUMN])
             .when_not_matched_insert_all(predicate=f"s.{CHANGE_COLUMN} = 'upsert'", except_cols=[CHANGE_COLUMN]))
-
-
-def _read(table: DeltaTable, keys: tuple[str, ...], latest: pa.Table, columns: list[str], like: pa.Schema) -> pa.Table:
-    """The table's keys and ``columns`` (typed as in ``like``) of the keys in ``latest``, batch by
-    batch (only the matches are kept). Not through a pushed-down filter: pyarrow prunes by the files' statistics, which
-    delta-rs writes truncated for long strings (the filter then fails on every run)."""
-    wanted = [*keys, *columns]
-    schema = pa.schema([pa.field(n, like.field(n).type) for n in wanted])
-    if not latest.num_rows:
-        return schema.empty_table()
-    probe = latest.select(list(keys))
-    found = []
-    for batch in table.to_pyarrow_dataset().to_batches(columns=wanted):
-        if batch.num_rows:
-            rows = pa.Table.from_batches([batch]).select(wanted).cast(schema)
-            found.append(rows.join(probe, list(keys), join_type="inner").select(wanted))
-    return pa.concat_tables(found) if found else schema.empty_table()
 
 
 __all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]

@@ -2,7 +2,9 @@
 side: its share of the table's live files (slices of their row groups), read as the rewrite reads
 them (rewrite.column_batches: the keys and the order columns only, partition values from the log),
 joined with the part's keys (staged Parquet, hashed once per task: the file's rows stream past it),
-the matching rows staged as Parquet with the index of the file holding each.
+the matching rows staged as Parquet with the index of the file holding each. Columns Arrow's join
+cannot carry (lists, structs, maps: a placeholder's stored values, commit/placeholders.py) are read
+in a second pass over the same slices and taken at the matches' places.
 
 Invariant: a task reports, per slice, the rows it read and the rows its file's footer holds, so the
 driver refuses a scan that did not read every row of every live file before it classifies anything;
@@ -26,6 +28,7 @@ from oncemore.core.storage import filesystem
 from oncemore.write.rewrite import column_batches
 
 FILE_COLUMN = "_file"  # in a task's matches: the index of the file holding the row
+_PLACE = "_place"  # in the first pass's matches: the row's place among the rows the task read
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class ScanTask:
     table_uri: str
     table_schema: str  # core.columns.schema_text of the snapshot's schema
     keys: tuple[str, ...]
-    columns: tuple[str, ...]  # read beside the keys: the classification's order
+    columns: tuple[str, ...]  # read beside the keys: the classification's order, a placeholder's stored values
     keys_path: str  # under the part's staging area
     found_uri: str  # the directory its matches are staged in
     slices: tuple[FileSlice, ...] = ()
@@ -101,32 +104,69 @@ def scan(task: ScanTask, storage_options: Mapping[str, str] | None = None) -> Sc
     fs, root = filesystem(task.table_uri, storage_options)
     keys_fs, keys_path = filesystem(task.keys_path, storage_options)
     probe = pq.read_table(keys_path, filesystem=keys_fs)
-    wanted, shape = (*task.keys, *task.columns), matches_schema(schema, task.keys, task.columns)
+    nested = tuple(c for c in task.columns if pa.types.is_nested(schema.field(c).type))
+    flat = tuple(c for c in task.columns if c not in nested)
+    joined = matches_schema(schema, task.keys, flat)
+    if nested:
+        joined = joined.append(pa.field(_PLACE, pa.int64()))
     reads: list[SliceRead] = []
 
     def batches() -> Iterator[pa.RecordBatch]:
+        place = 0
         for share in task.slices:
-            parquet = pq.ParquetFile(fs.open_input_file(f"{root}/{share.path}"))
-            read = 0
-            for rows in column_batches(parquet, wanted, share.partition_values, schema,
-                                       list(range(share.part, parquet.num_row_groups, share.parts))):
-                read += rows.num_rows
-                yield from rows.append_column(shape.field(FILE_COLUMN),
-                                              pa.array(np.full(rows.num_rows, share.file, np.int64))).to_batches()
+            parquet, read = _open(fs, root, share), 0
+            for rows in _slice_rows(parquet, share, (*task.keys, *flat), schema):
+                extra = {FILE_COLUMN: np.full(rows.num_rows, share.file, np.int64)}
+                if nested:
+                    extra[_PLACE] = np.arange(place, place + rows.num_rows, dtype=np.int64)
+                for name, values in extra.items():
+                    rows = rows.append_column(joined.field(name), pa.array(values))
+                read, place = read + rows.num_rows, place + rows.num_rows
+                yield from rows.to_batches()
             reads.append(SliceRead(share.file, share.part, read, parquet.metadata.num_rows))
 
     # Acero's hash join builds on its right input (the part's keys) once, and streams the left.
     rows = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(
-        pa.RecordBatchReader.from_batches(shape, batches())))
+        pa.RecordBatchReader.from_batches(joined, batches())))
     keys = acero.Declaration("table_source", acero.TableSourceNodeOptions(probe.select(list(task.keys))))
     found = acero.Declaration("hashjoin", acero.HashJoinNodeOptions("left semi", list(task.keys), list(task.keys)),
                               inputs=[rows, keys]).to_table(use_threads=False)
     if not found.num_rows:
         return ScanResult(tuple(reads), 0, None)
+    if nested:
+        found = _with_nested(task, fs, root, schema, found.sort_by(_PLACE), nested)
+    found = found.select(matches_schema(schema, task.keys, task.columns).names)
     found_fs, found_root = filesystem(task.found_uri, storage_options)
     name = f"found-{uuid.uuid4().hex}.parquet"
     pq.write_table(found, f"{found_root}/{name}", filesystem=found_fs)
     return ScanResult(tuple(reads), found.num_rows, f"{task.found_uri.rstrip('/')}/{name}")
+
+
+def _open(fs, root: str, share: FileSlice) -> pq.ParquetFile:
+    return pq.ParquetFile(fs.open_input_file(f"{root}/{share.path}"))
+
+
+def _slice_rows(parquet: pq.ParquetFile, share: FileSlice, columns, schema: pa.Schema) -> Iterator[pa.Table]:
+    return column_batches(parquet, tuple(columns), share.partition_values, schema,
+                          list(range(share.part, parquet.num_row_groups, share.parts)))
+
+
+def _with_nested(task: ScanTask, fs, root: str, schema: pa.Schema, found: pa.Table, nested: tuple[str, ...]) -> pa.Table:
+    """``found`` (in the order of its places) with its rows' ``nested`` columns, read in a second
+    pass over the task's slices in the same order (the keys beside them: a batch's rows are counted
+    even where a file lacks the columns)."""
+    places = found.column(_PLACE).to_numpy()
+    taken, start = [], 0
+    for share in task.slices:
+        for rows in _slice_rows(_open(fs, root, share), share, (*task.keys, *nested), schema):
+            low, high = np.searchsorted(places, [start, start + rows.num_rows])
+            if high > low:
+                taken.append(rows.select(list(nested)).take(pa.array(places[low:high] - start)))
+            start += rows.num_rows
+    values = pa.concat_tables(taken)
+    for name in nested:
+        found = found.append_column(schema.field(name), values.column(name))
+    return found
 
 
 __all__ = ["FILE_COLUMN", "FileSlice", "ScanResult", "ScanTask", "SliceRead", "matches_schema", "scan"]
