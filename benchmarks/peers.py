@@ -16,7 +16,9 @@ connecting as clients), the median of ``repeats`` turns taken in alternation:
 - the rerun with nothing new;
 - the peak memory of the whole process tree (JVMs and Python workers) during a bulk run: summed RSS
   (a JVM's child between its vfork and its exec shares the JVM's memory and is not counted again),
-  and what the JVMs and the Python processes held at that peak.
+  and what the JVMs and the Python processes held at that peak; and summed PSS, each page shared by
+  several processes (Spark's forked Python workers share their interpreter's and libraries') counted
+  once in all, which is what the tree takes of the machine.
 Figures, not verdicts: the ratio is oncemore's time over the peer's (its rate over the peer's for
 rates); below 1 (above, for rates) oncemore is ahead.
 """
@@ -49,17 +51,18 @@ SPARK_SUBMIT = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
 
 
 class Tree(threading.Thread):
-    """The peak summed RSS of a process and its descendants, sampled while it runs, and what each
-    kind of process (JVM, Python) held at that peak."""
+    """The peak summed RSS of a process and its descendants, sampled while it runs, what each kind
+    of process (JVM, Python) held at that peak, and the peak summed PSS."""
 
     def __init__(self, process: subprocess.Popen):
         super().__init__(daemon=True)
-        self.root, self.peak, self.parts = psutil.Process(process.pid), 0, {}
+        self.root, self.peak, self.parts, self.pss = psutil.Process(process.pid), 0, {}, 0
         self.start()
 
     def run(self):
         while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
             parts: dict[str, list[int]] = {}
+            pss = 0
             try:  # the root afresh: psutil keeps the first exe it saw (spark-submit's `env`, before the JVM it becomes)
                 processes = [psutil.Process(self.root.pid), *self.root.children(recursive=True)]
             except psutil.Error:  # ended meanwhile
@@ -75,17 +78,18 @@ class Tree(threading.Thread):
                         continue
                     parts.setdefault("JVM" if exe == "java" else "Python" if exe.startswith("python") else "other",
                                      []).append(process.memory_info().rss)
+                    pss += process.memory_full_info().pss
                 except psutil.Error:  # ended while looked at
                     pass
-            total = sum(map(sum, parts.values()))
+            total, self.pss = sum(map(sum, parts.values())), max(self.pss, pss)
             if total > self.peak:
                 self.peak, self.parts = total, {kind: (sum(rss), len(rss)) for kind, rss in parts.items()}
             time.sleep(0.05)
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, int, dict[str, tuple[int, int]]]:
-    """Seconds from start to exit, the process tree's peak RSS, and by kind of process (JVM,
-    Python) the RSS and count of processes at that peak; fails on a non-zero exit."""
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, tuple[int, int], dict[str, tuple[int, int]]]:
+    """Seconds from start to exit, the process tree's peak summed RSS and PSS, and by kind of
+    process (JVM, Python) the RSS and count of processes at the RSS peak; fails on a non-zero exit."""
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tree = Tree(process)
@@ -94,7 +98,7 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, int, dict[str
     tree.join()
     if process.returncode:
         raise RuntimeError(f"{command[:4]} exited {process.returncode}: {(out + err)[-3000:]}")
-    return seconds, tree.peak, tree.parts
+    return seconds, (tree.peak, tree.pss), tree.parts
 
 
 class Bench:
@@ -210,7 +214,8 @@ def main() -> None:
         server.stop()
         server = None
 
-        memory = {"oncemore": (0, {}), "peer": (0, {})}
+        memory = {"oncemore": ((0, 0), {}), "peer": ((0, 0), {})}
+        pss = {"oncemore": 0, "peer": 0}
         for name, fmt in formats.items():
             sizes = {"half": n // 2, "all": n}
             for size, count in sizes.items():
@@ -231,9 +236,12 @@ def main() -> None:
                 n / median(found["peer all"]), "rec/s", higher_is_better=True)
             for tool in memory:
                 memory[tool] = max([memory[tool]] + [(peak, parts) for _, peak, parts in found[f"{tool} all"]],
-                                   key=lambda m: m[0])
-        row(f"peak memory of a bulk run ({n:,} records), process tree", memory["oncemore"][0] / 2**20,
-            memory["peer"][0] / 2**20, "MiB")
+                                   key=lambda m: m[0][0])
+                pss[tool] = max([pss[tool]] + [peak[1] for _, peak, _ in found[f"{tool} all"]])
+        row(f"peak memory of a bulk run ({n:,} records), process tree, summed RSS", memory["oncemore"][0][0] / 2**20,
+            memory["peer"][0][0] / 2**20, "MiB")
+        row(f"peak memory of a bulk run ({n:,} records), process tree, summed PSS", pss["oncemore"] / 2**20,
+            pss["peer"] / 2**20, "MiB")
         for tool, (_, parts) in memory.items():
             print(f"\n{tool}'s peak: " + ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
                                                   for kind, (rss, count) in sorted(parts.items())))
