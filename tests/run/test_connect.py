@@ -7,10 +7,12 @@ across a server restarted between runs and a server that dies mid-run.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,13 @@ INCLUDE = str(Path(__file__).resolve().parents[2] / "include")
 
 def malformed_every(produced: list[tuple[int, bytes, bytes, None]], step: int):
     return [(p, k, b"{not json" if i % step == 0 else v, h) for i, (p, k, v, h) in enumerate(produced)]
+
+
+def cluster_jobs(server) -> int:
+    """How many mapInArrow jobs (an upsert MERGE's key scan or rewrite, run/rewritejob.py) the
+    server's event log has recorded."""
+    recorded = "".join(path.read_text(errors="replace") for path in server.event_dir.rglob("*") if path.is_file())
+    return recorded.count('function_name: \\"each\\"')
 
 
 def test_spark_remote_in_the_environment_runs_the_cli_on_the_server_exactly_once(
@@ -52,6 +61,42 @@ def test_spark_remote_in_the_environment_runs_the_cli_on_the_server_exactly_once
                        if path.is_file())
     assert "ConnectOperationStarted" in recorded and pipeline.source.topic in recorded
     assert "ssl.key.password" in recorded and "hunter2" not in recorded  # the option recorded, its value masked
+
+
+def test_the_clients_debug_log_shows_no_credential_of_a_merge_on_the_cluster(
+        broker, topic, make_pipeline, connect_server, s3_server, s3_bucket, tmp_path, monkeypatch):
+    """SPARK_CONNECT_LOG_LEVEL=debug: PySpark's Connect client logs each request in full, the data
+    source options (a Kafka password) and the closure of the cluster MERGE's tasks (the object
+    store's secret key) unmasked; oncemore logs that client at INFO, and says so."""
+    from devtools.changefeed import debezium_events, produce
+
+    s3_secret, kafka_secret = f"s3-{uuid.uuid4().hex}", f"kafka-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ONCEMORE_TEST_KEY_PASSWORD", kafka_secret)
+    monkeypatch.setenv("ONCEMORE_TEST_S3_SECRET", s3_secret)
+    produce(broker.bootstrap_servers, topic, debezium_events(keys=30, changes=60, seed=3), "key")
+    pipeline = make_pipeline(
+        topic, name="accounts", key={"type": "json", "schema": "id BIGINT"},
+        format={"type": "json", "schema": "id BIGINT, name STRING, balance BIGINT"},
+        upsert={"keys": ["id"], "envelope": "debezium", "merge": "cluster"},
+        source={"kafka_options": {"ssl.key.password": "${ONCEMORE_TEST_KEY_PASSWORD}"}},
+        sink={"table_uri": f"{s3_bucket}/accounts", "quarantine_uri": f"{s3_bucket}/accounts_quarantine",
+              "storage_options": {**s3_server.storage_options(), "AWS_SECRET_ACCESS_KEY": "${ONCEMORE_TEST_S3_SECRET}"}})
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": INCLUDE, "SPARK_REMOTE": connect_server.url, "SPARK_CONNECT_LOG_LEVEL": "debug",
+           "TMPDIR": str(tmp_path / "tmp"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    merges_before = cluster_jobs(connect_server)
+
+    done = subprocess.run([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"accounts: committed 1 batch\(es\), \d+ inserted", done.stdout), done.stdout
+    assert cluster_jobs(connect_server) > merges_before  # the MERGE's tasks ran on the server
+    files = [path for path in (tmp_path / "tmp").rglob("*") if path.is_file()]  # Spark's output of the run
+    for text in [done.stdout, done.stderr, *(path.read_text(errors="replace") for path in files)]:
+        assert s3_secret not in text and kafka_secret not in text
+    assert "SPARK_CONNECT_LOG_LEVEL=debug" in done.stderr  # the cap is said
 
 
 def test_a_transform_commits_on_the_servers_driver_and_the_report_comes_back(broker, topic, make_pipeline,
