@@ -10,6 +10,15 @@ classic session and on Spark Connect alike; the tasks' inputs are their JSON (th
 change rows, and the scan's matches, are staged files, not rows sent through Spark), their results
 one JSON row each. A failed job fails the part before its commit, naming the part's ranges; the
 files its finished tasks wrote are in no commit (vacuum removes them).
+
+The tasks' function captures the table's storage options, credentials included, as its pickle
+(cloudpickle) in the job's plan. That shows them nowhere Spark records a job: a plan names the
+function only (``MapInArrow each(id)``: EXPLAIN, the SQL tab, the event log), Spark Connect's
+statement text keeps 8 bytes of the pickle (its proto Abbreviator cuts every bytes field), and a
+failed task reports its traceback, code without values. The one place that prints the pickle
+whole, PySpark's Connect client at DEBUG, prints every data source option's value too: credentials
+moved from the closure into options (``storage.*``, masked by Spark's redaction elsewhere) would
+show there all the same, so that client logs at INFO in oncemore's runs (session.py).
 """
 
 from __future__ import annotations

@@ -140,6 +140,7 @@ def connect_session(remote: str):
     of it with ``stop_session``."""
     from pyspark.sql import SparkSession
 
+    _connect_client_log_capped()
     address, _, parameters = remote.partition("/;")  # sc://host:port; the parameters may hold a token
     address = address.rstrip("/")  # the Spark provider's hook writes sc://host:port/
     named = {p.split("=", 1)[0] for p in parameters.split(";") if p}
@@ -175,6 +176,20 @@ def connect_session(remote: str):
         raise SparkConnectError(f"Spark Connect session on {address} refused the package: {type(exc).__name__}",
                                 server=address) from None
     return spark
+
+
+def _connect_client_log_capped() -> None:
+    """PySpark's Connect client at DEBUG (SPARK_CONNECT_LOG_LEVEL=debug) logs each request in full,
+    where no Spark redaction reaches: every data source option's value (kafka.*, storage.*) and the
+    pickled functions its tasks run, whose text holds what they captured (the cluster MERGE's
+    tasks carry the object store's credentials, run/rewritejob.py). So it logs at INFO at most."""
+    from pyspark.sql.connect.logging import logger
+
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.setLevel(logging.INFO)
+        logging.getLogger(__name__).warning(
+            "SPARK_CONNECT_LOG_LEVEL=debug: PySpark's Connect client logs at INFO in oncemore's runs "
+            "(at DEBUG it logs every plan in full, credentials included)")
 
 
 # The slot each Connect session of this process holds, by id(session), until stop_session.
