@@ -5,8 +5,8 @@ Each writing task (``write``) takes the shaped rows of any Kafka partitions, spl
 failing an expectation (quarantined as the row the transform made, in JSON, with the
 expectation's name; or, for ``on_fail: fail``, failing the task naming expectation, topic,
 partition and offset) and rows a Delta table could not read back (an empty string as a partition
-value), and writes the rest in the table's schema; its message lists its files and counts.
-An upsert's tasks write change rows instead, to the part's staging area, and quarantine those that
+value) or whose column cannot hold a value (write/files.unstorable_rows), and writes the rest in
+the table's schema; its message lists its files and counts. An upsert's tasks write change rows instead, to the part's staging area, and quarantine those that
 cannot be applied, with their record's bytes (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
 to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
 Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
@@ -53,7 +53,7 @@ from oncemore.core.errors import OncemoreError, error_to_json
 from oncemore.core.stopwatch import Stopwatch
 from oncemore.run.staging import Staging
 from oncemore.shape.transform import VERDICT_PREFIX
-from oncemore.write.files import DataFile, TableWriter, conform, unstorable_partition_values
+from oncemore.write.files import DataFile, TableWriter, conform, unstorable_rows
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"
@@ -118,7 +118,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         watch = Stopwatch()
         for batch in iterator:
             rows, errors = classified(pa.Table.from_batches([batch]), self.part.pipeline, self.expectations,
-                                      self.part.upsert is not None, self.part.partition_by, violations)
+                                      self.part.upsert is not None, self.table_schema, self.part.partition_by,
+                                      violations)
             if errors:
                 failing = sorted(errors)
                 bad = rows.take(failing)
@@ -193,12 +194,12 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             delete_files(uri, [f for f in files if f.table == table], self.storage)
 
 
-def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, partition_by,
-               violations: Counter) -> tuple[pa.Table, dict[int, str]]:
+def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, schema: pa.Schema,
+               partition_by, violations: Counter) -> tuple[pa.Table, dict[int, str]]:
     """Shaped rows without the expectations' verdicts (and an upsert's invalid column), and why each
     row that cannot be written goes to the quarantine table instead, by row: an expectation it fails
     (``on_fail: quarantine``; ``violations`` counts every expectation's failures), a change that
-    cannot be applied, a partition value a table cannot hold. ExpectationFailed for an expectation
+    cannot be applied, a partition value or a column's value the table (of ``schema``) cannot hold. ExpectationFailed for an expectation
     whose ``on_fail`` is ``fail``, TruncateRefused for a Debezium truncate. The sink's tasks and
     ``oncemore check --sample`` (ops/sample.py) judge rows with it alike."""
     verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(expectations))]
@@ -207,7 +208,7 @@ def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: 
     if upsert:
         errors.update(_inapplicable(rows, pipeline))
         rows = rows.drop_columns([INVALID_COLUMN])
-    for i, message in unstorable_partition_values(rows, partition_by).items():
+    for i, message in unstorable_rows(rows, schema, partition_by).items():
         errors.setdefault(i, message)
     return rows, errors
 

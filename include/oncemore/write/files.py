@@ -6,7 +6,9 @@ fails or is cut short leaves only unreferenced files. Each file is reported as a
 statistics and, per Kafka partition, the offsets it holds, which the driver checks against the
 ranges it commits. Memory is bounded by rows and bytes at every stage (row groups, files), never
 by the range or by the values' size. A row a Delta table could not read back as written (an
-empty string as a partition value: Delta reads it as NULL) is named, never written.
+empty string as a partition value: Delta reads it as NULL) or that the table's column cannot hold
+(an integer beyond its type, a NULL element of an array whose elements are NOT NULL) is named,
+never written: ``unstorable_rows`` says why, for the quarantine table.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Iterable, Iterator, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -97,6 +100,106 @@ def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> 
     return problems
 
 
+def unstorable_rows(rows: pa.Table, schema: pa.Schema, partition_by: Iterable[str]) -> dict[int, str]:
+    """By row, why a row cannot be written to the table of ``schema`` (and ``partition_by``) as it
+    is: its partition value (unstorable_partition_values) or a value its column cannot hold
+    (unholdable_values); such a row goes to the quarantine table with the reason."""
+    problems = unstorable_partition_values(rows, partition_by)
+    for row, problem in unholdable_values(rows, schema).items():
+        problems.setdefault(row, problem)
+    return problems
+
+
+def unholdable_values(rows: pa.Table, schema: pa.Schema) -> dict[int, str]:
+    """By row, why the table's column (``schema``, the table's) cannot hold a row's value, at any
+    depth (a struct's field, an array's element, a map's value): a value the safe cast to the
+    column's type refuses (an integer it would overflow, a decimal or timestamp it would round),
+    or a NULL element of an ARRAY, or value of a MAP, whose type holds none (delta-spark makes them
+    of ``array(...)`` and ``map(...)``; evolution.py lets the records fill such a column, as a row
+    holding no NULL there is fine). Cheap where every value fits: a cast per column whose type
+    differs, a null count per such array or map; rows are looked for only in a column that fails."""
+    problems: dict[int, str] = {}
+    for field in schema:
+        if field.name not in rows.column_names:
+            continue
+        start = 0
+        for chunk in rows.column(field.name).chunks:
+            for row, problem in _unheld(chunk, field.type, field.name).items():
+                problems.setdefault(start + row, problem)
+            start += len(chunk)
+    return problems
+
+
+def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
+    """unholdable_values for one array's values (by position), ``path`` naming them as
+    evolution.py does (``a.b``, ``a[]``, ``a{}``)."""
+    if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
+        found: dict[int, str] = {}
+        children = dict(zip((f.name for f in array.type), array.flatten()))  # NULL where the struct is
+        for field in kind:
+            if field.name in children:
+                for row, problem in _unheld(children[field.name], field.type, f"{path}.{field.name}").items():
+                    found.setdefault(row, problem)
+        return found
+    if pa.types.is_list(kind) and pa.types.is_list(array.type):
+        found = _unheld_items(array.flatten(), kind.value_field, f"{path}[]")
+        return _by_parent(found, lambda: pc.list_parent_indices(array).to_numpy())
+    if pa.types.is_map(kind) and pa.types.is_map(array.type):
+        offsets = array.offsets.to_numpy()
+        found = _unheld_items(array.items.slice(offsets[0], offsets[-1] - offsets[0]), kind.item_field, f"{path}{{}}")
+        return _by_parent(found, lambda: np.repeat(np.arange(len(array)), np.diff(offsets)))
+    if array.type.equals(kind):
+        return {}
+    refused = _refused(array, kind)
+    if not refused:
+        return {}
+    try:
+        texts = array.take(refused).cast(pa.string()).to_pylist()
+    except pa.ArrowNotImplementedError:  # a type Arrow cannot spell: the reason names the column alone
+        texts = ["a value"] * len(refused)
+    # Numbers as they are, other values quoted: as the decoders quote them (share.reason_kind groups them).
+    number = pa.types.is_integer(array.type) or pa.types.is_floating(array.type) or pa.types.is_decimal(array.type)
+    shown = texts if number else [repr(t) for t in texts]
+    return {row: f"column {path!r}: {text} does not fit the table's column type {kind}"
+            for row, text in zip(refused, shown)}
+
+
+def _unheld_items(items: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
+    """_unheld for an array's elements or a map's values (``items``, of ``field``), by item."""
+    found: dict[int, str] = {}
+    if not field.nullable and items.null_count:
+        for item in pc.indices_nonzero(items.is_null()).to_pylist():
+            found[item] = f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold"
+    for item, problem in _unheld(items, field.type, path).items():
+        found.setdefault(item, problem)
+    return found
+
+
+def _by_parent(found: dict[int, str], parents) -> dict[int, str]:
+    """Problems by item as problems by the row holding the item (``parents()``: each item's row)."""
+    if not found:
+        return {}
+    rows = parents()
+    by_row: dict[int, str] = {}
+    for item, problem in sorted(found.items()):
+        by_row.setdefault(int(rows[item]), problem)
+    return by_row
+
+
+def _refused(array: pa.Array, kind: pa.DataType) -> list[int]:
+    """The positions of ``array`` whose values the safe cast to ``kind`` refuses, by the cast itself:
+    one cast where it takes them all, else each half cast in turn (about 2 log2 n ever smaller
+    casts per value refused, never a value at a time in Python)."""
+    try:
+        array.cast(kind)
+        return []
+    except pa.ArrowInvalid:
+        if len(array) == 1:
+            return [0]
+    half = len(array) // 2
+    return _refused(array.slice(0, half), kind) + [half + i for i in _refused(array.slice(half), kind)]
+
+
 def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """``rows`` in the table's ``schema``: its columns in its order, a column or a struct field the
     rows lack (the table gained it by schema evolution, or the records no longer have it) as NULL."""
@@ -111,7 +214,7 @@ def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
     if array.type.equals(kind):
         return array
     if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
-        children = {array.type.field(i).name: array.field(i) for i in range(array.type.num_fields)}
+        children = dict(zip((f.name for f in array.type), array.flatten()))  # as unholdable_values judged them
         fields = list(kind)
         arrays = [_conform(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
                   for f in fields]
