@@ -68,7 +68,8 @@ def test_a_value_the_tables_column_cannot_hold_is_quarantined_naming_the_column(
 def test_a_narrower_column_type_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark, shape):
     broker.produce(topic, [(0, b"1", json.dumps({"id": 3_000_000_000}).encode(), None)])
     pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, customer STRING"}, **SHAPES[shape])
-    write_deltalake(pipeline.sink.table_uri, pa.schema([("id", pa.int32()), ("customer", pa.string())] + METADATA_FIELDS).empty_table())
+    narrower = pa.schema([("id", pa.int32()), ("customer", pa.string())] + METADATA_FIELDS)
+    write_deltalake(pipeline.sink.table_uri, narrower.empty_table())
 
     with pytest.raises(SchemaChangeRefused, match="column id: the table has int, the records have bigint"):
         runner.run(pipeline, spark_factory=lambda: spark)

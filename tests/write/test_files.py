@@ -124,3 +124,20 @@ def test_each_row_whose_value_the_tables_column_cannot_hold_is_named_by_column_a
     assert {reason_kind(p) for p in problems.values()} >= {
         "column 'n': ... does not fit the table's column type int32",
         "column 't': ... does not fit the table's column type timestamp[us, tz=UTC]"}
+
+
+def test_a_null_list_backed_by_values_and_a_sliced_table_are_judged_and_written_row_by_row():
+    # Row 0 a NULL list over [1, NULL] (Arrow allows it), rows 1 and 2 lists; then the table sliced.
+    lists = pa.ListArray.from_arrays(pa.array([0, 2, 3, 5], pa.int32()), pa.array([1, None, 3, 4, None], pa.int64()),
+                                     mask=pa.array([True, False, False]))
+    table = pa.table({"l": lists})
+    held = pa.schema([("l", pa.list_(pa.field("element", pa.int64(), nullable=False)))])
+
+    assert unholdable_values(table, held) == {0: "column 'l[]': a NULL, which the table's column (int64 NOT NULL) "
+                                                 "cannot hold", 2: "column 'l[]': a NULL, which the table's column "
+                                                                   "(int64 NOT NULL) cannot hold"}
+    assert unholdable_values(table.slice(1, 1), held) == {}
+    assert conform(table.slice(1, 1), held).column("l").to_pylist() == [[3]]
+    narrower = pa.schema([("l", pa.list_(pa.int32()))])
+    assert conform(table, narrower).column("l").to_pylist() == [None, [3], [4, None]]
+    assert conform(table.slice(1), narrower).column("l").to_pylist() == [[3], [4, None]]

@@ -142,12 +142,9 @@ def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
                     found.setdefault(row, problem)
         return found
     if pa.types.is_list(kind) and pa.types.is_list(array.type):
-        found = _unheld_items(array.flatten(), kind.value_field, f"{path}[]")
-        return _by_parent(found, lambda: pc.list_parent_indices(array).to_numpy())
+        return _unheld_items(array, array.values, kind.value_field, f"{path}[]")
     if pa.types.is_map(kind) and pa.types.is_map(array.type):
-        offsets = array.offsets.to_numpy()
-        found = _unheld_items(array.items.slice(offsets[0], offsets[-1] - offsets[0]), kind.item_field, f"{path}{{}}")
-        return _by_parent(found, lambda: np.repeat(np.arange(len(array)), np.diff(offsets)))
+        return _unheld_items(array, array.items, kind.item_field, f"{path}{{}}")
     if array.type.equals(kind):
         return {}
     refused = _refused(array, kind)
@@ -164,25 +161,22 @@ def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
             for row, text in zip(refused, shown)}
 
 
-def _unheld_items(items: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
-    """_unheld for an array's elements or a map's values (``items``, of ``field``), by item."""
+def _unheld_items(array: pa.Array, child: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
+    """_unheld for a list's elements or a map's values (``child``, of ``field``), by the position of
+    the list or map holding them."""
+    offsets, items = _reached(array, child)
     found: dict[int, str] = {}
     if not field.nullable and items.null_count:
         for item in pc.indices_nonzero(items.is_null()).to_pylist():
             found[item] = f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold"
     for item, problem in _unheld(items, field.type, path).items():
         found.setdefault(item, problem)
-    return found
-
-
-def _by_parent(found: dict[int, str], parents) -> dict[int, str]:
-    """Problems by item as problems by the row holding the item (``parents()``: each item's row)."""
     if not found:
         return {}
-    rows = parents()
+    holder = np.repeat(np.arange(len(array)), np.diff(offsets.to_numpy()))
     by_row: dict[int, str] = {}
     for item, problem in sorted(found.items()):
-        by_row.setdefault(int(rows[item]), problem)
+        by_row.setdefault(int(holder[item]), problem)
     return by_row
 
 
@@ -220,12 +214,24 @@ def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
                   for f in fields]
         return pa.StructArray.from_arrays(arrays, fields=fields, mask=array.is_null())
     if pa.types.is_list(kind) and pa.types.is_list(array.type):
-        values = _conform(array.flatten(), kind.value_type)
-        return pa.ListArray.from_arrays(array.offsets, values, type=kind, mask=array.is_null())
+        offsets, values = _reached(array, array.values)
+        return pa.ListArray.from_arrays(offsets, _conform(values, kind.value_type), type=kind, mask=array.is_null())
     if pa.types.is_map(kind) and pa.types.is_map(array.type):
-        items = _conform(array.items, kind.item_type)
-        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=array.is_null())
+        (offsets, keys), (_, items) = _reached(array, array.keys), _reached(array, array.items)
+        return pa.MapArray.from_arrays(offsets, keys, _conform(items, kind.item_type), type=kind,
+                                       mask=array.is_null())
     return array.cast(kind)
+
+
+def _reached(array: pa.Array, child: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """A list's or map's offsets from 0 and the part of its ``child`` (values, keys, items) they
+    reach: a slice's own, a NULL list's backing values included (``flatten`` leaves those out,
+    which the offsets then no longer fit)."""
+    offsets = array.offsets
+    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    if first:
+        offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
+    return offsets, child.slice(first, last - first)
 
 
 def partition_value_text(value) -> str | None:
