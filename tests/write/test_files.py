@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oncemore.commit.share import reason_kind
-from oncemore.write.files import DICTIONARY_SAMPLE_ROWS, TableWriter, conform, unholdable_values
+from oncemore.write.files import DICTIONARY_SAMPLE_ROWS, TableWriter
+from oncemore.write.fit import conform, unholdable_values
 
 
 def dictionary_encoded(path: str) -> dict[str, bool]:

@@ -5,7 +5,7 @@ Each writing task (``write``) takes the shaped rows of any Kafka partitions, spl
 failing an expectation (quarantined as the row the transform made, in JSON, with the expectation's
 name; or, for ``on_fail: fail``, failing the task naming expectation, topic, partition and offset)
 and rows a Delta table could not read back (an empty string as a partition value) or whose column
-cannot hold a value (write/files.unstorable_rows), and writes the rest in the table's schema; its
+cannot hold a value (write/fit.unstorable_rows), and writes the rest in the table's schema; its
 message lists its files and counts. An upsert's tasks write change rows instead, to the part's
 staging area, and quarantine those that cannot be applied, with their record's bytes (a Debezium
 truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the
@@ -54,7 +54,8 @@ from oncemore.core.errors import OncemoreError, error_to_json
 from oncemore.core.stopwatch import Stopwatch
 from oncemore.run.staging import Staging
 from oncemore.shape.transform import VERDICT_PREFIX
-from oncemore.write.files import DataFile, TableWriter, conform, unstorable_rows
+from oncemore.write.files import DataFile, TableWriter
+from oncemore.write.fit import conform, unstorable_rows
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"

@@ -42,7 +42,8 @@ from oncemore.decode.rows import Decoded, RecordDecoder, quarantine_rows
 from oncemore.kafka.batches import RangeRecords
 from oncemore.run.taskspec import TableSpec, TaskSpec
 from oncemore.run.workermemory import task_memory
-from oncemore.write.files import TableWriter, conform, unstorable_rows
+from oncemore.write.files import TableWriter
+from oncemore.write.fit import conform, unstorable_rows
 
 # A RangeResult as the one row per range an ingest task yields to the driver.
 MANIFEST_SCHEMA = pa.schema([("range", pa.string())])

@@ -148,7 +148,7 @@ def change_rows(records, pipeline: Pipeline):
     columns.append(f"{why} AS {INVALID_COLUMN}")
     # The record's bytes go on to the sink only with a row it may quarantine: a change that cannot be
     # applied, or with partition columns any (a value no partition directory can hold), or with an
-    # ARRAY or MAP any (a NULL element a table's column may not hold: write/files.unholdable_values).
+    # ARRAY or MAP any (a NULL element a table's column may not hold: write/fit.unholdable_values).
     kept = "true" if pipeline.sink.partition_by or _has_collection(row) else f"{why} IS NOT NULL"
     columns += [f"CASE WHEN {kept} THEN {_q(c)} END AS {_q(c)}" for c in record_bytes]
     try:
