@@ -2,20 +2,21 @@
 driver-side ``commit(messages)`` is the part's Delta commits.
 
 Each writing task (``write``) takes the shaped rows of any Kafka partitions, splits off the rows
-failing an expectation (quarantined as the row the transform made, in JSON, with the
-expectation's name; or, for ``on_fail: fail``, failing the task naming expectation, topic,
-partition and offset) and rows a Delta table could not read back (an empty string as a partition
-value), and writes the rest in the table's schema; its message lists its files and counts.
-An upsert's tasks write change rows instead, to the part's staging area, and quarantine those that
-cannot be applied, with their record's bytes (a Debezium truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the part's staging area and hands all of it
-to commit/part.py's commit_part, which re-reads the positions right before committing, wherever
-Spark's driver runs (a spark-submit, a Spark Connect server); the outcome, or the error it ended
-with, goes to the staging area for the run. An upsert whose MERGE runs on the cluster
-(``upsert.merge: cluster``) needs a Spark job, which a Python worker cannot start: ``commit``
-then leaves the tasks' messages there and the run commits the part (``commit_left``). Before
-committing, ``commit`` leaves a mark there: from then on a commit may have landed with these files, so ``abort`` (which Spark calls when a
-task or ``commit`` fails) deletes them only while the mark is absent; commit_part deletes the
-files it knows were never committed.
+failing an expectation (quarantined as the row the transform made, in JSON, with the expectation's
+name; or, for ``on_fail: fail``, failing the task naming expectation, topic, partition and offset)
+and rows a Delta table could not read back (an empty string as a partition value) or whose column
+cannot hold a value (write/fit.unstorable_rows), and writes the rest in the table's schema; its
+message lists its files and counts. An upsert's tasks write change rows instead, to the part's
+staging area, and quarantine those that cannot be applied, with their record's bytes (a Debezium
+truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the
+part's staging area and hands all of it to commit/part.py's commit_part, which re-reads the
+positions right before committing, wherever Spark's driver runs (a spark-submit, a Spark Connect
+server); the outcome, or the error it ended with, goes to the staging area for the run. An upsert
+whose MERGE runs on the cluster (``upsert.merge: cluster``) needs a Spark job, which a Python worker
+cannot start: ``commit`` then leaves the tasks' messages there and the run commits the part
+(``commit_left``). Before committing, ``commit`` leaves a mark there: from then on a commit may have
+landed with these files, so ``abort`` (which Spark calls when a task or ``commit`` fails) deletes
+them only while the mark is absent; commit_part deletes the files it knows were never committed.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from oncemore.core.errors import OncemoreError, error_to_json
 from oncemore.core.stopwatch import Stopwatch
 from oncemore.run.staging import Staging
 from oncemore.shape.transform import VERDICT_PREFIX
-from oncemore.write.files import DataFile, TableWriter, conform, unstorable_partition_values
+from oncemore.write.files import DataFile, TableWriter
+from oncemore.write.fit import conform, unstorable_rows
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"
@@ -118,7 +120,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         watch = Stopwatch()
         for batch in iterator:
             rows, errors = classified(pa.Table.from_batches([batch]), self.part.pipeline, self.expectations,
-                                      self.part.upsert is not None, self.part.partition_by, violations)
+                                      self.part.upsert is not None, self.table_schema, self.part.partition_by,
+                                      violations)
             if errors:
                 failing = sorted(errors)
                 bad = rows.take(failing)
@@ -193,21 +196,22 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             delete_files(uri, [f for f in files if f.table == table], self.storage)
 
 
-def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, partition_by,
-               violations: Counter) -> tuple[pa.Table, dict[int, str]]:
-    """Shaped rows without the expectations' verdicts (and an upsert's invalid column), and why each
-    row that cannot be written goes to the quarantine table instead, by row: an expectation it fails
+def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, schema: pa.Schema,
+               partition_by, violations: Counter) -> tuple[pa.Table, dict[int, str]]:
+    """Shaped rows without the expectations' verdicts (and an upsert's invalid column), and why each row
+    that cannot be written goes to the quarantine table instead, by row: an expectation it fails
     (``on_fail: quarantine``; ``violations`` counts every expectation's failures), a change that
-    cannot be applied, a partition value a table cannot hold. ExpectationFailed for an expectation
-    whose ``on_fail`` is ``fail``, TruncateRefused for a Debezium truncate. The sink's tasks and
-    ``oncemore check --sample`` (ops/sample.py) judge rows with it alike."""
+    cannot be applied, a partition value or a column's value the table (of ``schema``) cannot hold.
+    ExpectationFailed for an expectation whose ``on_fail`` is ``fail``, TruncateRefused for a
+    Debezium truncate. The sink's tasks and ``oncemore check --sample`` (ops/sample.py) judge rows
+    with it alike."""
     verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(expectations))]
     errors = _failed_expectations(rows, pipeline, expectations, verdicts, violations)
     rows = rows.drop_columns(verdicts)
     if upsert:
         errors.update(_inapplicable(rows, pipeline))
         rows = rows.drop_columns([INVALID_COLUMN])
-    for i, message in unstorable_partition_values(rows, partition_by).items():
+    for i, message in unstorable_rows(rows, schema, partition_by).items():
         errors.setdefault(i, message)
     return rows, errors
 

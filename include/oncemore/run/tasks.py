@@ -42,7 +42,8 @@ from oncemore.decode.rows import Decoded, RecordDecoder, quarantine_rows
 from oncemore.kafka.batches import RangeRecords
 from oncemore.run.taskspec import TableSpec, TaskSpec
 from oncemore.run.workermemory import task_memory
-from oncemore.write.files import TableWriter, conform, unstorable_partition_values
+from oncemore.write.files import TableWriter
+from oncemore.write.fit import conform, unstorable_rows
 
 # A RangeResult as the one row per range an ingest task yields to the driver.
 MANIFEST_SCHEMA = pa.schema([("range", pa.string())])
@@ -100,9 +101,9 @@ class _RangeDecoding:
     the counts kept; yields each table's good rows at or after its floor."""
 
     def __init__(self, records: RangeRecords, spec: TaskSpec, decoders: Mapping[str, RecordDecoder],
-                 check_partitions: bool, quarantine):
+                 check_storable: bool, quarantine):
         self.records, self.spec, self.decoders = records, spec, decoders
-        self.check_partitions = check_partitions
+        self.check_storable = check_storable
         self.quarantine = quarantine
         key = f"{records.topic}/{records.partition}"
         self.floor = spec.quarantine_floors[key]
@@ -180,7 +181,7 @@ class _RangeDecoding:
         bad_rows = [unrouted]
         for table, found in decoded:
             good, bad = found.good, found.bad
-            if self.check_partitions and good.num_rows:
+            if self.check_storable and good.num_rows:
                 good, bad = self._storable(batch, table, good, bad)
             bad_rows.append(bad)
             floor = self.table_floors[table.tag]
@@ -208,8 +209,8 @@ class _RangeDecoding:
             self.held += len(skipped) - counted
 
     def _storable(self, batch: pa.RecordBatch, table: TableSpec, good: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """``good`` without the rows whose partition values ``table`` cannot hold, which join ``bad``."""
-        unstorable = unstorable_partition_values(good, table.partition_by)
+        """``good`` without the rows ``table`` cannot hold (a partition value, a column's value), which join ``bad``."""
+        unstorable = unstorable_rows(good, table.table_schema, table.partition_by)
         if not unstorable:
             return good, bad
         rows = sorted(unstorable)
@@ -263,12 +264,12 @@ class _KeptRows:
 
 
 def sample_ranges(ranges: Iterable[RangeRecords], spec: TaskSpec, decoders: Mapping[str, RecordDecoder],
-                  check_partitions: bool) -> tuple[list[RangeResult], list[tuple[str, pa.Table]], pa.Table]:
+                  check_storable: bool) -> tuple[list[RangeResult], list[tuple[str, pa.Table]], pa.Table]:
     """Ranges decoded as a task decodes them, in this process, writing nothing: their RangeResults,
     the good rows (by the tag of their table), and the quarantine rows (QUARANTINE_SCHEMA, with the reasons)."""
     results, good, bad = [], [], _KeptRows()
     for records in ranges:
-        decoding = _RangeDecoding(records, spec, decoders, check_partitions, bad)
+        decoding = _RangeDecoding(records, spec, decoders, check_storable, bad)
         good += [(table.tag, rows) for table, rows in decoding.rows()]
         results.append(decoding.result())
     return results, good, pa.concat_tables(bad.tables) if bad.tables else QUARANTINE_SCHEMA.empty_table()

@@ -6,7 +6,8 @@ or the value itself), the record's headers when the pipeline reads them, its coo
 Invariant: one change row per record, each with its coordinates as read, and its key and value
 bytes where the sink may quarantine it; a record that cannot be applied (an unknown op, a create
 without ``after``, a NULL key column, a NULL sequence) carries its reason, and the sink quarantines
-it with its bytes, never drops it. A tombstone's key columns come from the Kafka key; so do a
+it with its bytes, never drops it (as one whose value the table cannot hold: rows with partition
+columns or an ARRAY or MAP keep their bytes for it). A tombstone's key columns come from the Kafka key; so do a
 Debezium delete's where ``before`` lacks them. The sequence is ``try_cast(sequence_by AS
 DECIMAL(38,6))``: a number, never text (a non-numeric value is NULL, hence quarantined with its
 reason); a Debezium field known to be text of a number written otherwise (a SQL Server or Db2 LSN
@@ -146,8 +147,9 @@ def change_rows(records, pipeline: Pipeline):
     why = f"CAST(CASE {reasons} END AS STRING)"
     columns.append(f"{why} AS {INVALID_COLUMN}")
     # The record's bytes go on to the sink only with a row it may quarantine: a change that cannot be
-    # applied, or with partition columns any (a value no partition directory can hold).
-    kept = "true" if pipeline.sink.partition_by else f"{why} IS NOT NULL"
+    # applied, or with partition columns any (a value no partition directory can hold), or with an
+    # ARRAY or MAP any (a NULL element a table's column may not hold: write/fit.unholdable_values).
+    kept = "true" if pipeline.sink.partition_by or _has_collection(row) else f"{why} IS NOT NULL"
     columns += [f"CASE WHEN {kept} THEN {_q(c)} END AS {_q(c)}" for c in record_bytes]
     try:
         shaped = records.selectExpr(*columns)
@@ -155,6 +157,15 @@ def change_rows(records, pipeline: Pipeline):
     except Exception as exc:  # Spark's analysis error
         raise UpsertRefused(f"{where}: {str(exc).strip().splitlines()[0]}") from None
     return shaped
+
+
+def _has_collection(kind) -> bool:
+    """Whether a value of Spark type ``kind`` may hold an ARRAY or MAP."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(kind, StructType):
+        return any(_has_collection(f.dataType) for f in kind)
+    return isinstance(kind, (ArrayType, MapType))
 
 
 def _inexact(records, sequence_by: str, sequence: str) -> str | None:

@@ -5,8 +5,8 @@ Files are invisible until the driver's commit references them (committer.py), so
 fails or is cut short leaves only unreferenced files. Each file is reported as a DataFile: its
 statistics and, per Kafka partition, the offsets it holds, which the driver checks against the
 ranges it commits. Memory is bounded by rows and bytes at every stage (row groups, files), never
-by the range or by the values' size. A row a Delta table could not read back as written (an
-empty string as a partition value: Delta reads it as NULL) is named, never written.
+by the range or by the values' size. Rows come here in the table's schema, those it cannot hold
+already taken out (fit.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from oncemore.core.columns import OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN
 from oncemore.core.storage import filesystem
-from oncemore.write.filestats import FIRST_DAY, LAST_DAY, FileStats
+from oncemore.write.filestats import FileStats
 
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
 # (PLATFORM.md: 37 MB vs 24 MB for the same data), and never more than ROW_GROUP_BYTES in memory.
@@ -36,9 +36,6 @@ FILE_BYTES = 1 << 30
 # The rows of a file's first row group that decide which of its columns are dictionary-encoded.
 DICTIONARY_SAMPLE_ROWS = 10_000
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-# The longest name of one directory: ext4, XFS and HDFS's default (S3 keys hold more, but a table
-# that moves to a file system must still hold its partitions).
-MAX_NAME_BYTES = 255
 # Characters Spark escapes in Hive-style partition directory names (ExternalCatalogUtils).
 _PATH_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
 
@@ -66,63 +63,6 @@ def kafka_offsets(rows: pa.Table) -> dict[str, tuple[int, int, int]]:
         [(OFFSET_COLUMN, "min"), (OFFSET_COLUMN, "max"), (OFFSET_COLUMN, "count")])
     return {f"{g[TOPIC_COLUMN]}/{g[PARTITION_COLUMN]}": (g[f"{OFFSET_COLUMN}_min"], g[f"{OFFSET_COLUMN}_max"],
                                                         g[f"{OFFSET_COLUMN}_count"]) for g in grouped.to_pylist()}
-
-
-def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
-    """By row, why a row's partition value cannot be stored: an empty string (Delta reads an empty
-    partition value as NULL, protocol: Partition Value Serialization), one whose directory name
-    would pass MAX_NAME_BYTES (every write of it would fail), or a date outside years 1-9999
-    (Spark's dates reach further; a partition value's text cannot say it)."""
-    problems: dict[int, str] = {}
-    for column in partition_by:
-        kind, values = rows.schema.field(column).type, rows.column(column)
-        if pa.types.is_string(kind):
-            for row in pc.indices_nonzero(pc.fill_null(pc.equal(values, ""), False)).to_pylist():
-                problems.setdefault(row, f"column {column!r} partitions the table and Delta reads an empty "
-                                         "partition value as NULL: the row would not read back as sent")
-            # Escaping at most triples a character's bytes: only values that could be too long are looked at.
-            long = pc.greater(pc.binary_length(values), (MAX_NAME_BYTES - len(column) - 1) // 3)
-            for row in pc.indices_nonzero(pc.fill_null(long, False)).to_pylist():
-                size = len(f"{escape_path_name(column)}={escape_path_name(values[row].as_py())}".encode())
-                if size > MAX_NAME_BYTES:
-                    problems.setdefault(row, f"column {column!r} partitions the table and this value makes a "
-                                             f"directory name of {size} bytes, more than the {MAX_NAME_BYTES} a file "
-                                             "or object store's name may hold")
-        elif pa.types.is_date32(kind):
-            days = values.cast(pa.int32())
-            outside = pc.or_(pc.less(days, FIRST_DAY), pc.greater(days, LAST_DAY))
-            for row in pc.indices_nonzero(pc.fill_null(outside, False)).to_pylist():
-                problems.setdefault(row, f"column {column!r} partitions the table and holds a date outside years "
-                                         f"1-9999 ({days[row].as_py()} days from 1970-01-01)")
-    return problems
-
-
-def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``rows`` in the table's ``schema``: its columns in its order, a column or a struct field the
-    rows lack (the table gained it by schema evolution, or the records no longer have it) as NULL."""
-    if rows.schema.equals(schema, check_metadata=False):
-        return rows
-    arrays = [_conform(rows.column(f.name).combine_chunks(), f.type) if f.name in rows.column_names
-              else pa.nulls(rows.num_rows, f.type) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
-    if array.type.equals(kind):
-        return array
-    if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
-        children = {array.type.field(i).name: array.field(i) for i in range(array.type.num_fields)}
-        fields = list(kind)
-        arrays = [_conform(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
-                  for f in fields]
-        return pa.StructArray.from_arrays(arrays, fields=fields, mask=array.is_null())
-    if pa.types.is_list(kind) and pa.types.is_list(array.type):
-        values = _conform(array.flatten(), kind.value_type)
-        return pa.ListArray.from_arrays(array.offsets, values, type=kind, mask=array.is_null())
-    if pa.types.is_map(kind) and pa.types.is_map(array.type):
-        items = _conform(array.items, kind.item_type)
-        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=array.is_null())
-    return array.cast(kind)
 
 
 def partition_value_text(value) -> str | None:

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 
 from oncemore.core.columns import CHANGE_COLUMN, schema_from_text
 from oncemore.core.storage import filesystem
-from oncemore.write.files import DataFile, TableWriter, conform
+from oncemore.write.files import DataFile, TableWriter
+from oncemore.write.fit import conform
 
 ROW_GROUP_BATCH_ROWS = 100_000  # rows of a touched file in memory at once
 

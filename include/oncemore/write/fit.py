@@ -1,0 +1,190 @@
+"""Rows fitted to a table before they are written: which rows the table cannot hold as they are,
+and why (``unstorable_rows``, the reason the quarantine table keeps), and the rest in the table's
+schema (``conform``).
+
+A row is judged by what the table would do with it, never by what its records declared: a
+partition value a Delta table could not read back as written (an empty string: Delta reads it as
+NULL) or whose directory a file system cannot name, and a value the table's own column cannot hold
+at any depth (a NULL element where a table made by another writer has none, a value the safe cast
+to the column's type refuses). What ``unstorable_rows`` lets through, ``conform`` converts without
+failing: both read a column's nested values alike (a struct's fields as they show through it, a
+list's or map's items as its offsets reach them).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from oncemore.write.files import escape_path_name
+from oncemore.write.filestats import FIRST_DAY, LAST_DAY
+
+# The longest name of one directory: ext4, XFS and HDFS's default (S3 keys hold more, but a table
+# that moves to a file system must still hold its partitions).
+MAX_NAME_BYTES = 255
+
+
+def unstorable_partition_values(rows: pa.Table, partition_by: Iterable[str]) -> dict[int, str]:
+    """By row, why a row's partition value cannot be stored: an empty string (Delta reads an empty
+    partition value as NULL, protocol: Partition Value Serialization), one whose directory name
+    would pass MAX_NAME_BYTES (every write of it would fail), or a date outside years 1-9999
+    (Spark's dates reach further; a partition value's text cannot say it)."""
+    problems: dict[int, str] = {}
+    for column in partition_by:
+        kind, values = rows.schema.field(column).type, rows.column(column)
+        if pa.types.is_string(kind):
+            for row in pc.indices_nonzero(pc.fill_null(pc.equal(values, ""), False)).to_pylist():
+                problems.setdefault(row, f"column {column!r} partitions the table and Delta reads an empty "
+                                         "partition value as NULL: the row would not read back as sent")
+            # Escaping at most triples a character's bytes: only values that could be too long are looked at.
+            long = pc.greater(pc.binary_length(values), (MAX_NAME_BYTES - len(column) - 1) // 3)
+            for row in pc.indices_nonzero(pc.fill_null(long, False)).to_pylist():
+                size = len(f"{escape_path_name(column)}={escape_path_name(values[row].as_py())}".encode())
+                if size > MAX_NAME_BYTES:
+                    problems.setdefault(row, f"column {column!r} partitions the table and this value makes a "
+                                             f"directory name of {size} bytes, more than the {MAX_NAME_BYTES} a file "
+                                             "or object store's name may hold")
+        elif pa.types.is_date32(kind):
+            days = values.cast(pa.int32())
+            outside = pc.or_(pc.less(days, FIRST_DAY), pc.greater(days, LAST_DAY))
+            for row in pc.indices_nonzero(pc.fill_null(outside, False)).to_pylist():
+                problems.setdefault(row, f"column {column!r} partitions the table and holds a date outside years "
+                                         f"1-9999 ({days[row].as_py()} days from 1970-01-01)")
+    return problems
+
+
+def unstorable_rows(rows: pa.Table, schema: pa.Schema, partition_by: Iterable[str]) -> dict[int, str]:
+    """By row, why a row cannot be written to the table of ``schema`` (and ``partition_by``) as it
+    is: its partition value (unstorable_partition_values) or a value its column cannot hold
+    (unholdable_values); such a row goes to the quarantine table with the reason."""
+    problems = unstorable_partition_values(rows, partition_by)
+    for row, problem in unholdable_values(rows, schema).items():
+        problems.setdefault(row, problem)
+    return problems
+
+
+def unholdable_values(rows: pa.Table, schema: pa.Schema) -> dict[int, str]:
+    """By row, why the table's column (``schema``, the table's) cannot hold a row's value, at any
+    depth (a struct's field, an array's element, a map's value): a value the safe cast to the
+    column's type refuses (an integer it would overflow, a decimal or timestamp it would round),
+    or a NULL element of an ARRAY, or value of a MAP, whose type holds none (delta-spark makes them
+    of ``array(...)`` and ``map(...)``; evolution.py lets the records fill such a column, as a row
+    holding no NULL there is fine). Cheap where every value fits: a cast per column whose type
+    differs, a null count per such array or map; rows are looked for only in a column that fails."""
+    problems: dict[int, str] = {}
+    for field in schema:
+        if field.name not in rows.column_names:
+            continue
+        start = 0
+        for chunk in rows.column(field.name).chunks:
+            for row, problem in _unheld(chunk, field.type, field.name).items():
+                problems.setdefault(start + row, problem)
+            start += len(chunk)
+    return problems
+
+
+def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
+    """unholdable_values for one array's values (by position), ``path`` naming them as
+    evolution.py does (``a.b``, ``a[]``, ``a{}``)."""
+    if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
+        found: dict[int, str] = {}
+        children = dict(zip((f.name for f in array.type), array.flatten()))  # NULL where the struct is
+        for field in kind:
+            if field.name in children:
+                for row, problem in _unheld(children[field.name], field.type, f"{path}.{field.name}").items():
+                    found.setdefault(row, problem)
+        return found
+    if pa.types.is_list(kind) and pa.types.is_list(array.type):
+        return _unheld_items(array, array.values, kind.value_field, f"{path}[]")
+    if pa.types.is_map(kind) and pa.types.is_map(array.type):
+        return _unheld_items(array, array.items, kind.item_field, f"{path}{{}}")
+    if array.type.equals(kind):
+        return {}
+    refused = _refused(array, kind)
+    if not refused:
+        return {}
+    try:
+        texts = array.take(refused).cast(pa.string()).to_pylist()
+    except pa.ArrowNotImplementedError:  # a type Arrow cannot spell: the reason names the column alone
+        texts = ["a value"] * len(refused)
+    # Numbers as they are, other values quoted: as the decoders quote them (share.reason_kind groups them).
+    number = pa.types.is_integer(array.type) or pa.types.is_floating(array.type) or pa.types.is_decimal(array.type)
+    shown = texts if number else [repr(t) for t in texts]
+    return {row: f"column {path!r}: {text} does not fit the table's column type {kind}"
+            for row, text in zip(refused, shown)}
+
+
+def _unheld_items(array: pa.Array, child: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
+    """_unheld for a list's elements or a map's values (``child``, of ``field``), by the position of
+    the list or map holding them."""
+    offsets, items = _reached(array, child)
+    found: dict[int, str] = {}
+    if not field.nullable and items.null_count:
+        for item in pc.indices_nonzero(items.is_null()).to_pylist():
+            found[item] = f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold"
+    for item, problem in _unheld(items, field.type, path).items():
+        found.setdefault(item, problem)
+    if not found:
+        return {}
+    holder = np.repeat(np.arange(len(array)), np.diff(offsets.to_numpy()))
+    by_row: dict[int, str] = {}
+    for item, problem in sorted(found.items()):
+        by_row.setdefault(int(holder[item]), problem)
+    return by_row
+
+
+def _refused(array: pa.Array, kind: pa.DataType) -> list[int]:
+    """The positions of ``array`` whose values the safe cast to ``kind`` refuses, by the cast itself:
+    one cast where it takes them all, else each half cast in turn (about 2 log2 n ever smaller
+    casts per value refused, never a value at a time in Python)."""
+    try:
+        array.cast(kind)
+        return []
+    except pa.ArrowInvalid:
+        if len(array) == 1:
+            return [0]
+    half = len(array) // 2
+    return _refused(array.slice(0, half), kind) + [half + i for i in _refused(array.slice(half), kind)]
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` in the table's ``schema``: its columns in its order, a column or a struct field the
+    rows lack (the table gained it by schema evolution, or the records no longer have it) as NULL."""
+    if rows.schema.equals(schema, check_metadata=False):
+        return rows
+    arrays = [_conform(rows.column(f.name).combine_chunks(), f.type) if f.name in rows.column_names
+              else pa.nulls(rows.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
+    if array.type.equals(kind):
+        return array
+    if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
+        children = dict(zip((f.name for f in array.type), array.flatten()))  # as unholdable_values judged them
+        fields = list(kind)
+        arrays = [_conform(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
+                  for f in fields]
+        return pa.StructArray.from_arrays(arrays, fields=fields, mask=array.is_null())
+    if pa.types.is_list(kind) and pa.types.is_list(array.type):
+        offsets, values = _reached(array, array.values)
+        return pa.ListArray.from_arrays(offsets, _conform(values, kind.value_type), type=kind, mask=array.is_null())
+    if pa.types.is_map(kind) and pa.types.is_map(array.type):
+        (offsets, keys), (_, items) = _reached(array, array.keys), _reached(array, array.items)
+        return pa.MapArray.from_arrays(offsets, keys, _conform(items, kind.item_type), type=kind,
+                                       mask=array.is_null())
+    return array.cast(kind)
+
+
+def _reached(array: pa.Array, child: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """A list's or map's offsets from 0 and the part of its ``child`` (values, keys, items) they
+    reach: a slice's own, a NULL list's backing values included (``flatten`` leaves those out,
+    which the offsets then no longer fit)."""
+    offsets = array.offsets
+    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    if first:
+        offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
+    return offsets, child.slice(first, last - first)

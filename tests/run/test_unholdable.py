@@ -1,0 +1,76 @@
+"""End to end: a record whose decoded value the Delta table's column cannot hold (a table another
+writer created: delta-spark makes an ARRAY of non-NULL elements or a MAP of non-NULL values of
+``array(...)`` and ``map(...)`` expressions) goes to the quarantine table with a reason naming the
+column; the rows that fit are written. A type the table's column does not have is refused before
+anything is read (commit/evolution.py). Counted: every (partition, offset) in the table or the
+quarantine exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from conftest import assert_exactly_once, query, read_pairs
+from oncemore.commit.evolution import SchemaChangeRefused
+from oncemore.core.columns import METADATA_FIELDS
+from oncemore.run import runner
+
+pytestmark = pytest.mark.spark
+
+DECLARED = "id BIGINT, customer STRING, scores ARRAY<BIGINT>, attrs MAP<STRING, BIGINT>"
+# As delta-spark leaves a table of ``array(...)`` and ``map(...)`` columns: elements and values NOT NULL.
+HELD = pa.schema([("id", pa.int64()), ("customer", pa.string()),
+                  ("scores", pa.list_(pa.field("element", pa.int64(), nullable=False))),
+                  ("attrs", pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False)))] + METADATA_FIELDS)
+# value index -> (record, the reason's column)
+UNHOLDABLE = {4: ({"scores": [1, None, 3]}, "scores[]"), 11: ({"attrs": {"a": 1, "b": None}}, "attrs{}"),
+              17: ({"scores": [None], "attrs": {"c": None}}, "scores[]")}
+SHAPES = {"plain": {}, "transform": {"transform": "SELECT * FROM records"},
+          "upsert-local": {"upsert": {"keys": ["id"], "merge": "local"}},
+          "upsert-cluster": {"upsert": {"keys": ["id"], "merge": "cluster"}}}
+
+
+def records(count: int) -> list[tuple[int, bytes, bytes, None]]:
+    values = [{"id": i, "customer": f"c{i}", "scores": [i, i + 1], "attrs": {"n": i}} for i in range(count)]
+    for i, (change, _) in UNHOLDABLE.items():
+        values[i].update(change)
+    return [(i % 3, str(i).encode(), json.dumps(v).encode(), None) for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_value_the_tables_column_cannot_hold_is_quarantined_naming_the_column(broker, topic, make_pipeline, spark,
+                                                                                  shape):
+    sent = records(30)
+    produced = broker.produce(topic, sent)
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": DECLARED}, **SHAPES[shape])
+    write_deltalake(pipeline.sink.table_uri, HELD.empty_table())
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert report.status == "committed"
+    assert (report.written, report.quarantined) == (30 - len(UNHOLDABLE), len(UNHOLDABLE))
+    main, quarantined = read_pairs(pipeline.sink.table_uri), read_pairs(pipeline.sink.quarantine_uri)
+    assert_exactly_once(main + quarantined, produced)
+    reasons = {json.loads(value)["id"]: error for value, error in
+               query(pipeline.sink.quarantine_uri, "SELECT value, error FROM {table}")}
+    assert set(reasons) == set(UNHOLDABLE)
+    for i, (_, column) in UNHOLDABLE.items():
+        assert f"column '{column}'" in reasons[i] and "NULL" in reasons[i], reasons[i]
+    held = DeltaTable(pipeline.sink.table_uri).to_pyarrow_table()
+    assert sorted(held.column("id").to_pylist()) == sorted(set(range(30)) - set(UNHOLDABLE))
+    assert held.schema.field("scores").type.value_field.nullable is False, "the table keeps its schema"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_narrower_column_type_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark, shape):
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 3_000_000_000}).encode(), None)])
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, customer STRING"}, **SHAPES[shape])
+    narrower = pa.schema([("id", pa.int32()), ("customer", pa.string())] + METADATA_FIELDS)
+    write_deltalake(pipeline.sink.table_uri, narrower.empty_table())
+
+    with pytest.raises(SchemaChangeRefused, match="column id: the table has int, the records have bigint"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
