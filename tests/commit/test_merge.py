@@ -215,6 +215,38 @@ def test_on_the_cluster_this_process_reads_neither_the_table_nor_its_tombstones(
     assert (counts["updated"], counts["stale"], counts["unavailable"]) == (1, 1, 0), counts
 
 
+@MERGES
+def test_a_placeholders_stored_value_is_read_for_the_keys_that_need_it_alone(tmp_path, monkeypatch, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), placeholder=PLACEHOLDER, merge=merge)
+    tables.apply([(k, "x" * 1000, "upsert", k, k - 1) for k in range(1, 6)])
+    name = "scan_keys" if merge == "cluster" else "read"
+    real, asked = getattr(merge_module, name), []
+
+    def counted(table, *args):  # read(table, keys, probe, columns, like); scan_keys(table, probe, keys, columns, ...)
+        probe, columns = (args[1], args[2]) if name == "read" else (args[0], args[2])
+        asked.append((probe.num_rows, tuple(columns)))
+        return real(table, *args)
+
+    monkeypatch.setattr(merge_module, name, counted)
+    _, counts = tables.apply([(k, PLACEHOLDER if k == 3 else f"new {k}", "upsert", 10 + k, 4 + k) for k in range(1, 6)])
+    assert tables.rows() == {1: "new 1", 2: "new 2", 3: "x" * 1000, 4: "new 4", 5: "new 5"}
+    assert [probed for probed, columns in asked if "v" in columns] == [1], asked  # key 3's value, no other
+    assert counts["updated"] == 5, counts
+
+
+def test_on_the_cluster_a_tombstones_table_with_deletion_vectors_is_refused_before_any_commit(tmp_path):
+    from deltalake import TableFeatures
+
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge="cluster")
+    tables.apply([(1, "one", "upsert", 1, 0), (1, None, "delete", 2, 1)])
+    DeltaTable(tables.tombstones).alter.add_feature([TableFeatures.DeletionVectors],
+                                                    allow_protocol_versions_increase=True)
+    versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
+    with pytest.raises(UnsupportedTable, match="tombstones holds deletion vectors.*upsert.merge local"):
+        tables.apply([(1, "late", "upsert", 1, 2)])
+    assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
+
+
 def unreferenced(table_uri: str) -> set[str]:
     """The Parquet files under the table that its current version does not reference."""
     referenced = {unquote(p) for p in pa.table(DeltaTable(table_uri).get_add_actions()).column("path").to_pylist()}

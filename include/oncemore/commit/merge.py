@@ -41,9 +41,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from functools import reduce
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from oncemore.commit.committer import CommitOutcome, held, merge
 from oncemore.commit.copyonwrite import (NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part,
@@ -52,7 +54,7 @@ from oncemore.commit.keyrows import matched, read, typed
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.removable import WAY_OUT, UnremovableFile, holding, unremovable
 from oncemore.commit.sequencing import check_sequence
-from oncemore.commit.tablefeatures import check_rewritable
+from oncemore.commit.tablefeatures import check_rewritable, check_scannable
 from oncemore.commit.tombstones import MERGE_MEMORY_BYTES, keep_deletes, on_keys
 from oncemore.core import crashpoints
 from oncemore.core.columns import (
@@ -213,7 +215,7 @@ def _universe(changes: Changes, keys: list[str]) -> pa.Table:
     return pa.concat_tables([latest, changes.marks.select(keys).cast(latest.schema)]).group_by(keys).aggregate([])
 
 
-def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, held: pa.Table, stored: pa.Table | None,
+def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, held: pa.Table, stored: Callable,
             spec: UpsertSpec) -> _Decision:
     """Under sequence_by, per key of the part: its state is the latest of its part's last event,
     the table's row and the delete the tombstones table holds (module docstring: order); a
@@ -280,18 +282,15 @@ def _decide(changes: Changes, universe: pa.Table, rows: pa.Table, held: pa.Table
     return _Decision(pa.concat_tables([ups.cast(loose), removed]), kept_deletes, counts)
 
 
-def _placeheld(changes: Changes, spec: UpsertSpec) -> list[str]:
-    """The columns where some of the part's last events left a placeholder for the table's value."""
-    return list(unsent(changes.latest, placeheld(changes.latest, spec.keys, spec.placeholder)))
-
-
-def _kept_values(ups: pa.Table, stored: pa.Table, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
+def _kept_values(ups: pa.Table, stored: Callable, spec: UpsertSpec, unavailable: int) -> tuple[pa.Table, int]:
     """``ups`` with each placeholder left taking the value of the row the table holds
-    (placeholders.py); ``stored``: the table's rows of the part's keys, with the _placeheld columns."""
+    (placeholders.py); ``stored(probe, columns)``: the table's rows of the keys in ``probe``, those
+    columns with them, read for the keys whose placeholders need them alone (TOASTed values are large)."""
     masks = unsent(ups, placeheld(ups, spec.keys, spec.placeholder))
     if not masks:
         return ups, unavailable
-    return with_stored(ups, masks, matched(ups, stored, spec.keys, list(masks)), unavailable)
+    needed = ups.filter(reduce(pc.or_, masks.values()))
+    return with_stored(ups, masks, matched(ups, stored(needed, list(masks)), spec.keys, list(masks)), unavailable)
 
 
 def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: UpsertSpec, expected, new_positions,
@@ -310,20 +309,28 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
     if cluster is not None:  # before the part's first commit
         check_rewritable(table, ledger.table_uri)
-    # The table's rows of the part's keys (their order under sequence_by, the values placeholders
-    # take), and the deletes the tombstones table holds of them: on the cluster, its scan tasks find
-    # them, and the main rows' files are where the copy-on-write's changed keys are.
+    # The table's rows of the part's keys (their order under sequence_by), the deletes the
+    # tombstones table holds of them, and the values placeholders take: on the cluster, its scan
+    # tasks find them, and the main rows' files are where the copy-on-write's changed keys are.
     keys, order, like = list(spec.keys), [SEQUENCE_COLUMN, *ORDER] if spec.sequenced else [], changes.latest.schema
     wanted = _universe(changes, keys) if spec.sequenced else changes.latest.select(keys)
-    columns = [*order, *_placeheld(changes, spec)]
-    scanned = scan_keys(table, wanted, spec.keys, columns, cluster, where) if cluster is not None else None
-    rows = typed(scanned.rows, keys, columns, like) if scanned is not None else read(table, keys, wanted, columns, like)
+    scanned = scan_keys(table, wanted, spec.keys, order, cluster, where) if cluster is not None else None
+
+    def rows_of(of: DeltaTable, probe: pa.Table, columns: list[str], at: str) -> pa.Table:
+        if cluster is None:
+            return read(of, keys, probe, columns, like)
+        return typed(scan_keys(of, probe, spec.keys, columns, cluster, at).rows, keys, columns, like)
+
+    def stored(probe: pa.Table, columns: list[str]) -> pa.Table:
+        return rows_of(table, probe, columns, where)
+
+    rows = typed(scanned.rows, keys, order, like) if scanned is not None else read(table, keys, wanted, order, like)
     if spec.sequenced:
         kept = tombstones.snapshot()
-        deletes = (typed(scan_keys(kept, wanted, spec.keys, order, cluster, f"{where}; {tombstones.table_uri} version "
-                                   f"{kept.version()}").rows, keys, order, like)
-                   if cluster is not None else read(kept, keys, wanted, order, like))
-        decision = _decide(changes, wanted, rows.select([*keys, *order]), deletes, rows, spec)
+        at = f"{where}; {tombstones.table_uri} version {kept.version()}"
+        if cluster is not None:  # its files are read as they are: a row a deletion vector removed would still count
+            check_scannable(kept, tombstones.table_uri, at)
+        decision = _decide(changes, wanted, rows, rows_of(kept, wanted, order, at), stored, spec)
         changing, counts = decision.changing, decision.counts
     else:
         # Without a sequence, the positions order the parts: an event of a later part is newer,
@@ -338,7 +345,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
         changing = latest.filter(pc.or_(pc.or_(masks["inserted"], masks["updated"]), masks["deleted"]))
         if spec.placeholder is not None:
             ups = changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "upsert"))
-            ups, counts["unavailable"] = _kept_values(ups, rows, spec, counts["unavailable"])
+            ups, counts["unavailable"] = _kept_values(ups, stored, spec, counts["unavailable"])
             changing = pa.concat_tables([ups, changing.filter(pc.equal(changing.column(CHANGE_COLUMN), "delete"))])
     counts_record = replace(record, records={**record.records, **counts},
                             stream_ms=nested({p: ms for p, ms in changes.stream_ms.items()}))

@@ -61,6 +61,17 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
         )
 
 
+def check_scannable(table: DeltaTable, table_uri: str, where: str) -> None:
+    """Refuses a table the cluster's key scan (copyonwrite.scan_keys) would misread: one holding
+    deletion vectors, whose deleted rows are still in the files' Parquet the scan reads."""
+    if "deletionVectors" in (table.protocol().writer_features or ()):
+        raise UnsupportedTable(
+            f"{where}: table {table_uri} holds deletion vectors, and upsert.merge cluster reads its files as they "
+            "are (a row one deleted would still count). Nothing was committed; use upsert.merge local, or purge "
+            "them with delta-spark (REORG TABLE ... APPLY (PURGE))", table_uri=table_uri,
+            requirements=["deletion vectors"])
+
+
 def check_rewritable(table: DeltaTable, table_uri: str) -> None:
     """Refuses, before anything is rewritten, a table whose files a copy-on-write of oncemore's
     (``upsert.merge: cluster``, copyonwrite.py) may not replace: an append-only table, one whose
