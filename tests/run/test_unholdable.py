@@ -74,3 +74,24 @@ def test_a_narrower_column_type_is_refused_before_anything_is_read(broker, topic
     with pytest.raises(SchemaChangeRefused, match="column id: the table has int, the records have bigint"):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
+
+
+@pytest.mark.parametrize("merge", ["local", "cluster"])
+def test_a_delete_applies_by_its_key_whatever_value_it_carries(broker, topic, make_pipeline, spark, merge):
+    # A delete's values are never stored: a NULL element the table's column cannot hold does not quarantine it.
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": DECLARED + ", deleted BOOLEAN"},
+                             upsert={"keys": ["id"], "delete_when": "deleted", "merge": merge})
+    write_deltalake(pipeline.sink.table_uri, pa.schema([*HELD, pa.field("deleted", pa.bool_())]).empty_table())
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "scores": [1, 2], "deleted": False}).encode(), None),
+                           (0, b"2", json.dumps({"id": 2, "scores": [3], "deleted": False}).encode(), None)])
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "scores": [1, None], "deleted": True}).encode(), None),
+                           (0, b"2", json.dumps({"id": 2, "scores": [None], "deleted": False}).encode(), None)])
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    # The fold: key 1 deleted; key 2's upsert holds a value the table cannot, so it is quarantined and 2 stays as it was.
+    assert (report.status, report.quarantined) == ("committed", 1)
+    assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "scores"]).to_pylist() == [
+        {"id": 2, "scores": [3]}]
+    assert [json.loads(value)["id"] for value, in query(pipeline.sink.quarantine_uri, "SELECT value FROM {table}")] == [2]

@@ -103,7 +103,7 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
 
     expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations]
     try:
-        rows, errors = classified(shaped, pipeline.name, expectations, pipeline.upsert is not None, spec.table_schema,
+        rows, errors = classified(shaped, pipeline.name, expectations, pipeline.upsert and pipeline.upsert.keys, spec.table_schema,
                                   pipeline.sink.partition_by, Counter())
     except OncemoreError as exc:  # ExpectationFailed, TruncateRefused: what a run would fail on
         found.run_fails = str(exc)

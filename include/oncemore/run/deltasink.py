@@ -44,6 +44,7 @@ from oncemore.core.columns import (
     QUARANTINE_SCHEMA,
     RECORD_KEY_COLUMN,
     RECORD_VALUE_COLUMN,
+    SEQUENCE_FIELD,
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
@@ -120,8 +121,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         watch = Stopwatch()
         for batch in iterator:
             rows, errors = classified(pa.Table.from_batches([batch]), self.part.pipeline, self.expectations,
-                                      self.part.upsert is not None, self.table_schema, self.part.partition_by,
-                                      violations)
+                                      self.part.upsert and self.part.upsert.keys, self.table_schema,
+                                      self.part.partition_by, violations)
             if errors:
                 failing = sorted(errors)
                 bad = rows.take(failing)
@@ -196,24 +197,42 @@ class DeltaSinkWriter(DataSourceArrowWriter):
             delete_files(uri, [f for f in files if f.table == table], self.storage)
 
 
-def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert: bool, schema: pa.Schema,
+def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert_keys, schema: pa.Schema,
                partition_by, violations: Counter) -> tuple[pa.Table, dict[int, str]]:
     """Shaped rows without the expectations' verdicts (and an upsert's invalid column), and why each row
     that cannot be written goes to the quarantine table instead, by row: an expectation it fails
     (``on_fail: quarantine``; ``violations`` counts every expectation's failures), a change that
     cannot be applied, a partition value or a column's value the table (of ``schema``) cannot hold.
     ExpectationFailed for an expectation whose ``on_fail`` is ``fail``, TruncateRefused for a
-    Debezium truncate. The sink's tasks and ``oncemore check --sample`` (ops/sample.py) judge rows
-    with it alike."""
+    Debezium truncate. ``upsert_keys``: an upsert's key columns (None: rows are appended); a change
+    that is no upsert applies by key alone, so the values it carries are dropped, never judged. The
+    sink's tasks and ``oncemore check --sample`` (ops/sample.py) judge rows with it alike."""
     verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(expectations))]
     errors = _failed_expectations(rows, pipeline, expectations, verdicts, violations)
     rows = rows.drop_columns(verdicts)
-    if upsert:
+    if upsert_keys:
         errors.update(_inapplicable(rows, pipeline))
-        rows = rows.drop_columns([INVALID_COLUMN])
+        rows = _values_of_upserts(rows.drop_columns([INVALID_COLUMN]), upsert_keys, schema)
     for i, message in unstorable_rows(rows, schema, partition_by).items():
         errors.setdefault(i, message)
     return rows, errors
+
+
+def _values_of_upserts(rows: pa.Table, keys, schema: pa.Schema) -> pa.Table:
+    """Change rows with the table's value columns NULL where the change is no upsert (a delete, a
+    tombstone): the MERGE applies those by key, and a value the table's column could not hold (a
+    NULL element where it has none) must not quarantine a delete. Keys and oncemore's own columns
+    (the sequence, the coordinates) stay."""
+    upserts = pc.fill_null(pc.equal(rows.column(CHANGE_COLUMN), "upsert"), False)
+    if pc.all(upserts).as_py():
+        return rows
+    kept = {k.lower() for k in keys} | {f.name for f in (SEQUENCE_FIELD, *METADATA_FIELDS)}
+    for field in schema:
+        if field.name in rows.column_names and field.name.lower() not in kept:
+            column = rows.column(field.name)
+            rows = rows.set_column(rows.schema.get_field_index(field.name), field.name,
+                                   pc.if_else(upserts, column, pa.nulls(rows.num_rows, column.type)))
+    return rows
 
 
 def _failed_expectations(rows: pa.Table, pipeline: str, expectations: list[dict], verdicts: list[str],
