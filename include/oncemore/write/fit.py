@@ -119,20 +119,21 @@ def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
 
 def _unheld_items(array: pa.Array, child: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
     """_unheld for a list's elements or a map's values (``child``, of ``field``), by the position of
-    the list or map holding them."""
+    the list or map holding them, one reason a row; the items under a NULL list or map are left out
+    (nothing of them is stored). NULL items are mapped to their rows in numpy, a reason a row."""
     offsets, items = _reached(array, child)
-    found: dict[int, str] = {}
-    if not field.nullable and items.null_count:
-        for item in pc.indices_nonzero(items.is_null()).to_pylist():
-            found[item] = f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold"
-    for item, problem in _unheld(items, field.type, path).items():
-        found.setdefault(item, problem)
-    if not found:
+    nulls = (pc.indices_nonzero(items.is_null()).to_numpy() if not field.nullable and items.null_count
+             else np.empty(0, np.int64))
+    deeper = _unheld(items, field.type, path)
+    if not len(nulls) and not deeper:
         return {}
     holder = np.repeat(np.arange(len(array)), np.diff(offsets.to_numpy()))
-    by_row: dict[int, str] = {}
-    for item, problem in sorted(found.items()):
-        by_row.setdefault(int(holder[item]), problem)
+    held = array.is_valid().to_numpy(zero_copy_only=False)
+    reason = f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold"
+    by_row = {row: reason for row in np.unique(holder[nulls]).tolist() if held[row]}
+    for item, problem in deeper.items():
+        if held[holder[item]]:
+            by_row.setdefault(int(holder[item]), problem)
     return by_row
 
 
@@ -174,8 +175,8 @@ def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
         return pa.ListArray.from_arrays(offsets, _conform(values, kind.value_type), type=kind, mask=array.is_null())
     if pa.types.is_map(kind) and pa.types.is_map(array.type):
         (offsets, keys), (_, items) = _reached(array, array.keys), _reached(array, array.items)
-        return pa.MapArray.from_arrays(offsets, keys, _conform(items, kind.item_type), type=kind,
-                                       mask=array.is_null())
+        return pa.MapArray.from_arrays(offsets, _conform(keys, kind.key_type), _conform(items, kind.item_type),
+                                       type=kind, mask=array.is_null())
     return array.cast(kind)
 
 
