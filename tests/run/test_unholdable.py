@@ -95,3 +95,21 @@ def test_a_delete_applies_by_its_key_whatever_value_it_carries(broker, topic, ma
     assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "scores"]).to_pylist() == [
         {"id": 2, "scores": [3]}]
     assert [json.loads(value)["id"] for value, in query(pipeline.sink.quarantine_uri, "SELECT value FROM {table}")] == [2]
+
+
+def test_a_delete_applies_to_a_table_whose_value_columns_are_not_null(broker, topic, make_pipeline, spark):
+    # The delete's values are dropped before it is staged: the staged change rows take a NULL anywhere.
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT NOT NULL, name STRING NOT NULL, "
+                                                                       "deleted BOOLEAN"},
+                             upsert={"keys": ["id"], "delete_when": "deleted"})
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "name": "one", "deleted": False}).encode(), None),
+                           (0, b"2", json.dumps({"id": 2, "name": "two", "deleted": False}).encode(), None)])
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    assert DeltaTable(pipeline.sink.table_uri).schema().to_arrow().field("name").nullable is False
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "name": "gone", "deleted": True}).encode(), None)])
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert (report.status, report.quarantined) == ("committed", 0)
+    assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "name"]).to_pylist() == [
+        {"id": 2, "name": "two"}]

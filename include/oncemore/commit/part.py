@@ -36,8 +36,8 @@ from oncemore.commit.inputs import CHANGES_TAG, RangeResult, RouteTable, changes
 from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
 from oncemore.commit.share import QuarantineLimit, Reason, commonest, describe_records, judge, records_read
 from oncemore.core import crashpoints, hours
-from oncemore.core.columns import (CHANGE_COLUMN, MAIN_TAG, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA,
-                                   QUARANTINE_TAG, TOPIC_COLUMN)
+from oncemore.core.columns import (MAIN_TAG, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, QUARANTINE_TAG,
+                                   TOPIC_COLUMN, change_schema)
 from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
 from oncemore.core.errors import CommitConflict, InvalidDataFile, QuarantineExceeded
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
@@ -361,11 +361,6 @@ def _commit(part: Part, ledger: Ledger, files, expected, new_positions, record) 
         # After a commit attempt the files are left alone; vacuum(full=True) removes them.
         log.warning("pipeline %s: %s: a concurrent run committed this range first", part.pipeline, ledger.table_uri)
     return outcome
-
-
-def change_schema(table_schema: pa.Schema | None) -> pa.Schema:
-    """An upsert part's change rows: the table's columns and the change (merge.py)."""
-    return (table_schema or pa.schema([])).append(pa.field(CHANGE_COLUMN, pa.string()))
 
 
 def _changes(part: Part, files: list[DataFile], table_schema: pa.Schema,

@@ -53,6 +53,14 @@ RECORD_KEY_COLUMN, RECORD_VALUE_COLUMN = (f.name for f in RECORD_BYTES_FIELDS)
 DELETED_AT_FIELD = pa.field("_deleted_at", TIMESTAMP, nullable=False)
 
 
+def change_schema(table_schema: pa.Schema | None) -> pa.Schema:
+    """An upsert part's change rows (commit/merge.py): the table's columns, each taking a NULL (a
+    delete's values are dropped, run/deltasink.py, whatever the table holds NOT NULL), and the change."""
+    table_schema = table_schema or pa.schema([])
+    return pa.schema([f.with_nullable(True) for f in table_schema], table_schema.metadata).append(
+        pa.field(CHANGE_COLUMN, pa.string()))
+
+
 def tombstones_schema(keys: pa.Schema) -> pa.Schema:
     """The tombstones table of an upsert table keyed by ``keys``: per deleted key, the order of
     the delete (its sequence and coordinates) and when it was applied."""

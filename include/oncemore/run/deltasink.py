@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from oncemore.commit.committer import delete_files
 from oncemore.commit.inputs import RangeResult
 from oncemore.commit.copyonwrite import ClusterRewrite
-from oncemore.commit.part import Part, PartOutcome, Written, change_schema, commit_part
+from oncemore.commit.part import Part, PartOutcome, Written, commit_part
 from oncemore.core import hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -48,6 +48,7 @@ from oncemore.core.columns import (
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
+    change_schema,
     schema_from_text,
 )
 from oncemore.core.coordinates import KafkaPartition
