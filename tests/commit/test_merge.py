@@ -234,15 +234,16 @@ def test_a_placeholders_stored_value_is_read_for_the_keys_that_need_it_alone(tmp
     assert counts["updated"] == 5, counts
 
 
-def test_on_the_cluster_a_tombstones_table_with_deletion_vectors_is_refused_before_any_commit(tmp_path):
+@MERGES
+def test_a_tombstones_table_with_deletion_vectors_is_refused_before_any_commit(tmp_path, merge):
     from deltalake import TableFeatures
 
-    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge="cluster")
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
     tables.apply([(1, "one", "upsert", 1, 0), (1, None, "delete", 2, 1)])
     DeltaTable(tables.tombstones).alter.add_feature([TableFeatures.DeletionVectors],
                                                     allow_protocol_versions_increase=True)
     versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
-    with pytest.raises(UnsupportedTable, match="tombstones holds deletion vectors.*upsert.merge local"):
+    with pytest.raises(UnsupportedTable, match="tombstones has the deletionVectors feature.*DROP FEATURE deletionVectors"):
         tables.apply([(1, "late", "upsert", 1, 2)])
     assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
 

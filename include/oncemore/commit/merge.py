@@ -328,8 +328,7 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     if spec.sequenced:
         kept = tombstones.snapshot()
         at = f"{where}; {tombstones.table_uri} version {kept.version()}"
-        if cluster is not None:  # its files are read as they are: a row a deletion vector removed would still count
-            check_scannable(kept, tombstones.table_uri, at)
+        check_scannable(kept, tombstones.table_uri, at)
         decision = _decide(changes, wanted, rows, rows_of(kept, wanted, order, at), stored, spec)
         changing, counts = decision.changing, decision.counts
     else:

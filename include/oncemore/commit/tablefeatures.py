@@ -62,14 +62,14 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
 
 
 def check_scannable(table: DeltaTable, table_uri: str, where: str) -> None:
-    """Refuses a table the cluster's key scan (copyonwrite.scan_keys) would misread: one holding
-    deletion vectors, whose deleted rows are still in the files' Parquet the scan reads."""
+    """Refuses a table whose files oncemore reads as they are (copyonwrite.scan_keys, merge.py's
+    own scan) while it may hold deletion vectors: a row one deleted is still in the file's Parquet."""
     if "deletionVectors" in (table.protocol().writer_features or ()):
         raise UnsupportedTable(
-            f"{where}: table {table_uri} holds deletion vectors, and upsert.merge cluster reads its files as they "
-            "are (a row one deleted would still count). Nothing was committed; use upsert.merge local, or purge "
-            "them with delta-spark (REORG TABLE ... APPLY (PURGE))", table_uri=table_uri,
-            requirements=["deletion vectors"])
+            f"{where}: table {table_uri} has the deletionVectors feature, and oncemore reads its files as they are "
+            "(a row a deletion vector removed would still count). Nothing was committed; drop the feature with "
+            "delta-spark (ALTER TABLE ... DROP FEATURE deletionVectors), or point the pipeline at a new tombstones "
+            "table", table_uri=table_uri, requirements=["deletion vectors"])
 
 
 def check_rewritable(table: DeltaTable, table_uri: str) -> None:
