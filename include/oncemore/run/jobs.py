@@ -1,8 +1,8 @@
 """The Spark work of one part of a batch, in one of two shapes (DESIGN.md):
 
 - ``ingest_job``: records stay in Python (no transform, no expectations). One job whose tasks
-  read, decode and write both tables' files; the RangeResults come back through ``collect`` and the
-  run commits them (commit/part.py).
+  (kafkasource.IngestTasks) read, decode and write both tables' files; the RangeResults come back
+  through ``collect`` and the run commits them (commit/part.py).
 - ``shaped_job``: records go through Spark. The ``oncemore_records`` source's DataFrame, shaped by
   the transform and the expectations (transform.py), written by the ``oncemore_delta`` sink, whose
   driver-side commit makes the part's commits; its outcome comes back through the staging area
@@ -38,31 +38,35 @@ class PartLost(OncemoreError):
     """The sink's commit began but left no outcome: a commit of this part may or may not have landed."""
 
 
-def source_reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
-    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``, each
-    the ranges one task reads."""
-    reader = (
-        spark.read.format(source.name())
-        .option("pipeline", pipeline.name)
-        .option("tasks", json.dumps([[[t.topic, t.partition, t.start, t.end] for t in group] for group in groups]))
-        .option("maxBytesPerTask", str(budget))
-        .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
-        .option("spec", spec.to_json())
-    )
+def reading_options(pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> dict[str, str]:
+    """What the tasks reading ``groups`` (each the ranges one task reads) take (kafkasource.TaskRanges)."""
+    options = {
+        "pipeline": pipeline.name,
+        "tasks": json.dumps([[[t.topic, t.partition, t.start, t.end] for t in group] for group in groups]),
+        "maxBytesPerTask": str(budget),
+        "stallTimeoutMs": str(int(pipeline.source.stall_timeout_seconds * 1000)),
+        "spec": spec.to_json(),
+    }
     settings = [("kafka.", consumer_config(pipeline)), ("storage.", spec.storage_options),
                 ("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})]
-    for prefix, options in settings:
-        for key, value in options.items():
-            reader = reader.option(f"{prefix}{key}", value)
-    return reader
+    for prefix, values in settings:
+        options.update((f"{prefix}{key}", value) for key, value in values.items())
+    return options
+
+
+def source_reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
+    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``."""
+    return spark.read.format(source.name()).options(**reading_options(pipeline, spec, groups, budget))
 
 
 def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> list[RangeResult]:
-    from oncemore.run.kafkasource import KafkaIngestDataSource  # imports pyspark: only once there is work to do
+    """The RangeResults of ``groups`` read, each group by a Spark task of one job: a ``mapInArrow``
+    over one row per task, its index, which is also the index Spark names a failed task by."""
+    from oncemore.run.kafkasource import IngestTasks  # imports pyspark: only once there is work to do
 
-    register_source(spark, KafkaIngestDataSource)
+    read = IngestTasks(reading_options(pipeline, spec, groups, budget))
     try:
-        rows = source_reader(spark, KafkaIngestDataSource, pipeline, spec, groups, budget).load().collect()
+        rows = spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, "range string").collect()
     except Exception as exc:  # a task's error, or its Python worker died (a crash names no offsets)
         raise task_failure(exc, pipeline.name, groups) from exc
     return [RangeResult.from_json(row["range"]) for row in rows]

@@ -1,4 +1,5 @@
-"""Spark Python Data Sources over exact Kafka offset ranges.
+"""How Spark reads exact Kafka offset ranges: two Python Data Sources, and the function of a run's
+ingest job.
 
 ``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
 key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
@@ -7,24 +8,28 @@ a run registers only the sources it reads, session.register_source). Options fol
 and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
 ``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
 
-What runs read: option ``tasks`` lists the Spark tasks, each a list of ranges ``[[topic,
-partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
+What runs read (``TaskRanges``): option ``tasks`` lists the Spark tasks, each a list of ranges
+``[[topic, partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
 ``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
 ``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
 Spark redacts the secret ones.
-- ``oncemore_ingest``: records stay in Python. Each range is decoded and written to the task's
-  files of both tables, and the task yields one manifest row per range (commit/inputs.py's RangeResult):
-  crossing into the JVM costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
+- ``IngestTasks``: records stay in Python. The function ``mapInArrow`` runs over one row per task
+  (run/jobs.py): each range is decoded and written to the task's files of both tables, and the
+  task yields one manifest row per range (commit/inputs.py's RangeResult): crossing into the JVM
+  costs ~1.1 us a record here, a third of the whole path (PLATFORM.md). Not a Data Source: Spark
+  plans one in Python processes of their own on the driver (looking the source up, making it,
+  planning its read), one daemon and one worker each, kept a minute idle; that was 316 MiB of a
+  1 M-record run's 1,576 (docs/performance.md). The options reach the tasks inside the function,
+  which Spark shows by name only (as run/rewritejob.py's).
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
   Without option ``staging`` (``oncemore check --sample``) it writes nothing: no RangeResult, and
-  no quarantine row (its quarantine floors are then the ranges' ends).
+  no quarantine row (its quarantine floors are then the ranges' ends). A Data Source, because
+  shape/transform.py finds in the plan whether a transform still reads it.
 
-Spark plans a read in fresh Python processes on the driver (the source's schema, its reader's
-partitions), each importing this module: what only reading needs (the Kafka client, decoders,
-registry clients, Arrow) is imported by the reading task, not here. Spark stops these processes
-after a minute idle, so an hourly run starts them again: the one that finds ``oncemore_ingest``'s
-schema imports no Arrow at all.
+Spark plans a source's read in fresh Python processes on the driver (the source's schema, its
+reader's partitions), each importing this module: what only reading needs (the Kafka client,
+decoders, registry clients, Arrow) is imported by the reading task, not here.
 """
 
 from __future__ import annotations
@@ -47,12 +52,11 @@ if TYPE_CHECKING:
     from oncemore.run.taskspec import TaskSpec
 
 NAME = "oncemore_kafka"
-INGEST_NAME = "oncemore_ingest"
 RECORDS_NAME = "oncemore_records"
 
 
 class KafkaTaskPartition(InputPartition):
-    """One Spark task of ``oncemore_ingest``: ranges (topic, partition, start, end) read one after another."""
+    """One Spark task of ``oncemore_records``: ranges (topic, partition, start, end) read one after another."""
 
     def __init__(self, ranges: list[tuple[str, int, int, int]]):
         super().__init__(ranges)
@@ -83,20 +87,13 @@ def _prefixed(options, prefix: str) -> dict[str, str]:
     return {k[len(prefix):]: v for k, v in options.items() if k.startswith(prefix)}
 
 
-class _RangeReader(DataSourceReader):
-    """Options shared by both sources, and the records of one range."""
+class _ReadOptions:
+    """The options every read takes: ``pipeline`` (named in errors), ``stallTimeoutMs``, ``kafka.*``."""
 
     def __init__(self, options):
         self.pipeline = options.get("pipeline", "?")
         self.stall_timeout = int(options.get("stallTimeoutMs", 60_000)) / 1000.0
         self.kafka_config = _prefixed(options, "kafka.")
-
-    def records(self, consumer, topic: str, partition: int, start: int, end: int,
-                max_bytes: int | None = None) -> RangeRecords:
-        from oncemore.kafka.batches import RangeRecords
-
-        where = f"pipeline {self.pipeline}: {topic}/{partition}"
-        return RangeRecords(consumer, topic, partition, start, end, self.stall_timeout, where, max_bytes)
 
 
 class KafkaRangeDataSource(DataSource):
@@ -115,7 +112,7 @@ class KafkaRangeDataSource(DataSource):
         return KafkaRangeReader(self.options)
 
 
-class KafkaRangeReader(_RangeReader):
+class KafkaRangeReader(_ReadOptions, DataSourceReader):
     def __init__(self, options):
         super().__init__(options)
         starting = flat(json.loads(options["startingOffsets"]))
@@ -135,12 +132,13 @@ class KafkaRangeReader(_RangeReader):
     def read(self, split: KafkaRangePartition | None) -> Iterator[pa.RecordBatch]:
         if split is None:  # Spark calls read(None) once when partitions() is empty
             return
-        from oncemore.kafka.batches import SPARK_KAFKA_SCHEMA
+        from oncemore.kafka.batches import SPARK_KAFKA_SCHEMA, RangeRecords
         from oncemore.kafka.clients import range_consumer
         from oncemore.run.workermemory import task_memory
 
         with task_memory(), range_consumer(self.kafka_config, self.pipeline) as consumer:
-            for batch in self.records(consumer, split.topic, split.partition, split.start, split.end):
+            for batch in RangeRecords(consumer, split.topic, split.partition, split.start, split.end,
+                                      self.stall_timeout, f"pipeline {self.pipeline}: {split.topic}/{split.partition}"):
                 yield batch.select(SPARK_KAFKA_SCHEMA.names)
 
 
@@ -152,9 +150,9 @@ def task_spec(options) -> TaskSpec:
                               _prefixed(options, "key.registry.") or None)
 
 
-class _TaskReader(_RangeReader):
+class TaskRanges(_ReadOptions):
     """A run's task ranges (option ``tasks``: per Spark task, ranges [topic, partition, start,
-    end]), each read up to ``maxBytesPerTask`` bytes and decoded by one decoder per task."""
+    end]), each read up to ``maxBytesPerTask`` bytes, a task's ranges by one consumer in turn."""
 
     def __init__(self, options):
         super().__init__(options)
@@ -166,9 +164,6 @@ class _TaskReader(_RangeReader):
     def spec(self) -> TaskSpec:  # parsed where the ranges are read
         return task_spec(self.options)
 
-    def partitions(self) -> list[KafkaTaskPartition]:
-        return [KafkaTaskPartition(ranges) for ranges in self.tasks]
-
     @cached_property
     def part_starts(self) -> dict[KafkaPartition, int]:
         """Where each partition's range of the part starts: the start of its first sub-range."""
@@ -179,13 +174,13 @@ class _TaskReader(_RangeReader):
                 starts[key] = min(start, starts.get(key, start))
         return starts
 
-    def ranges(self, task: KafkaTaskPartition) -> Iterator[RangeRecords]:
+    def ranges(self, task: list[tuple[str, int, int, int]]) -> Iterator[RangeRecords]:
         from oncemore.kafka.batches import RangeRecords
         from oncemore.kafka.fitted import FittedConsumer
 
         crashpoints.reach("task")
         with FittedConsumer(self.kafka_config, self.pipeline) as consumers:
-            for topic, partition, start, end in task.ranges:
+            for topic, partition, start, end in task:
                 records = RangeRecords(consumers.for_range(end - start), topic, partition, start, end,
                                        self.stall_timeout, f"pipeline {self.pipeline}: {topic}/{partition}",
                                        self.max_bytes, headers=self.spec.reads_headers)
@@ -193,29 +188,23 @@ class _TaskReader(_RangeReader):
                 consumers.read(records.reached - start, records.bytes_read)  # read by now: sizes the next fetches
 
 
-class KafkaIngestDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return INGEST_NAME
+class IngestTasks:
+    """What ``mapInArrow`` runs over a run's ingest job, one row (its task's index) a Spark task:
+    the task's ranges routed, decoded and written to the task's files of their tables
+    (tasks.TaskFiles); one manifest row (a RangeResult) per range, in tasks.MANIFEST_SCHEMA."""
 
-    def schema(self) -> str:
-        return "range STRING"  # tasks.MANIFEST_SCHEMA
+    def __init__(self, options: dict[str, str]):
+        self.options = options
 
-    def reader(self, schema) -> "KafkaIngestReader":
-        return KafkaIngestReader(self.options)
-
-
-class KafkaIngestReader(_TaskReader):
-    """Records that stay in Python: each range routed (with routes), decoded and written to the
-    task's files of its tables (tasks.TaskFiles); one manifest row (a RangeResult) per range."""
-
-    def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
-        if task is None:
-            return
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from oncemore.run.tasks import ingest_ranges, manifest_batch
 
-        for result in ingest_ranges(self.ranges(task), self.spec, self.spec.decoders(), self.part_starts):
-            yield manifest_batch(result)
+        tasks = TaskRanges(self.options)
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for result in ingest_ranges(tasks.ranges(tasks.tasks[index]), tasks.spec, tasks.spec.decoders(),
+                                            tasks.part_starts):
+                    yield manifest_batch(result)
 
 
 class KafkaRecordsDataSource(DataSource):
@@ -237,14 +226,17 @@ class KafkaRecordsDataSource(DataSource):
         return KafkaRecordsReader(self.options)
 
 
-class KafkaRecordsReader(_TaskReader):
+class KafkaRecordsReader(DataSourceReader):
     """Records that go through Spark: each range's good rows yielded, its quarantine rows written
     to the quarantine table's files, and its RangeResult put in the part's staging area (option
     ``staging``), where the sink's commit takes it; without that option, nowhere."""
 
     def __init__(self, options):
-        super().__init__(options)
+        self.tasks = TaskRanges(options)
         self.staging = options.get("staging")
+
+    def partitions(self) -> list[KafkaTaskPartition]:
+        return [KafkaTaskPartition(ranges) for ranges in self.tasks.tasks]
 
     def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
         if task is None:
@@ -253,12 +245,12 @@ class KafkaRecordsReader(_TaskReader):
         from oncemore.run.staging import Staging
         from oncemore.run.tasks import decode_ranges
 
-        spec = self.spec
+        spec = self.tasks.spec
         if self.staging is None:  # nothing written: the quarantine table "holds" every record read
             spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in task.ranges})
         staging = Staging(spec.quarantine_uri, self.staging, spec.storage_options) if self.staging else None
         decoder = spec.decoder()
-        for item in decode_ranges(self.ranges(task), spec, decoder, self.part_starts):
+        for item in decode_ranges(self.tasks.ranges(task.ranges), spec, decoder, self.tasks.part_starts):
             if isinstance(item, RangeResult):
                 if staging is not None:
                     staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
