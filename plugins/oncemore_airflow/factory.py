@@ -62,6 +62,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
         # offsets at 12:00. A plain cron string would give zero-length intervals in Airflow 3.
         schedule=CronDataIntervalTimetable(settings.schedule, timezone="UTC"),
         start_date=datetime.fromtimestamp(settings.start_date_ms / 1000, tz=timezone.utc),
+        end_date=settings.end_date,
         catchup=settings.catchup,
         max_active_runs=settings.max_active_runs,
         tags=["oncemore", *settings.tags],

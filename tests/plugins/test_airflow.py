@@ -118,6 +118,22 @@ def test_the_tasks_running_spark_take_the_pipelines_pool_and_airflow_warns_of_a_
     assert not DagBag(dag_folder=str(ROOT / "dags"), known_pools={"default_pool", "oncemore_spark"}).dag_warnings
 
 
+def test_a_pipeline_with_an_end_date_schedules_no_interval_starting_after_it(make_pipeline):
+    import pendulum
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    make_pipeline("t", airflow=airflow_section(end_date=(T0 + 2 * HOUR).isoformat(), catchup=True))
+    dag = DagBag(dag_folder=str(ROOT / "dags")).dags["oncemore__orders"]
+    restriction = TimeRestriction(earliest=dag.start_date, latest=dag.end_date, catchup=True)
+
+    def next_after(start):
+        last = DataInterval(pendulum.instance(start), pendulum.instance(start + HOUR))
+        found = dag.timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+        return found and found.data_interval.start
+
+    assert [next_after(T0), next_after(T0 + HOUR), next_after(T0 + 2 * HOUR)] == [T0 + HOUR, T0 + 2 * HOUR, None]
+
+
 def test_a_broken_config_is_an_import_error_naming_it_while_the_rest_load(tmp_path, monkeypatch):
     good = (ROOT / "include" / "pipelines" / "examples" / "orders.yaml").read_text()
     (tmp_path / "orders.yaml").write_text(good)

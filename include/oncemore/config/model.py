@@ -207,6 +207,9 @@ class AirflowSettings(_Model):
     schedule: Cron = Field(default="0 * * * *", description="5-field cron or an Airflow preset (@hourly, @daily, ...); "
                                                             "each run covers one interval of it")
     start_date: datetime = Field(description="ISO-8601; without a zone, UTC: the first data interval starts here")
+    end_date: datetime | None = Field(default=None, description="ISO-8601; without a zone, UTC: the last data interval "
+                                                                "starts here at the latest, and no run comes after "
+                                                                "it (Airflow's end_date); none: runs go on")
     catchup: StrictBool = False
     max_active_runs: Positive = 1
     owner: StrictStr = "oncemore"
@@ -225,10 +228,16 @@ class AirflowSettings(_Model):
                                   "NAME SLOTS DESCRIPTION`): Airflow schedules no task of a pool that does not exist "
                                   "and shows the DAG a warning")
 
-    @field_validator("start_date")
+    @field_validator("start_date", "end_date")
     @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+    @model_validator(mode="after")
+    def _ends_after_start(self) -> "AirflowSettings":
+        if self.end_date is not None and self.end_date < self.start_date:
+            raise key_problem("end_date", "is before start_date: no data interval would run")
+        return self
 
     @property
     def start_date_ms(self) -> int:
