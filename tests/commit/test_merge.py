@@ -303,11 +303,47 @@ def test_a_file_compacted_between_the_snapshot_and_the_commit_refuses_the_commit
     assert Ledger(tables.main, "p").positions([PARTITION])[PARTITION] == 2
 
 
-def test_an_append_only_table_is_refused_on_the_cluster_before_any_commit(tmp_path):
-    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge="cluster", configuration={"delta.appendOnly": "true"})
-    with pytest.raises(UnsupportedTable, match="delta.appendOnly .no file may be removed.*use upsert.merge local"):
-        tables.apply([(1, "one", "upsert", 1, 0)])
-    assert DeltaTable(tables.main).version() == 0 and DeltaTable(tables.tombstones).version() == 0
+@MERGES
+def test_an_append_only_table_is_refused_before_any_commit_with_a_way_out_that_works(tmp_path, merge):
+    # Locally, delta-rs's MERGE inserted, then failed the first update as a commit conflict, on every rerun.
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
+    tables.apply([(1, "one", "upsert", 1, 0)])
+    DeltaTable(tables.main).alter.set_table_properties({"delta.appendOnly": "true"})
+    versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
+    with pytest.raises(UnsupportedTable, match="is append-only.*SET TBLPROPERTIES .'delta.appendOnly' = 'false'."):
+        tables.apply([(1, "one-b", "upsert", 2, 1)])
+    assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
+    DeltaTable(tables.main).alter.set_table_properties({"delta.appendOnly": "false"})
+    tables.apply([(1, "one-b", "upsert", 2, 1)])
+    assert tables.rows() == {1: "one-b"}
+
+
+@MERGES
+def test_a_table_with_deletion_vectors_is_refused_before_any_commit(tmp_path, merge):
+    # Locally, delta-rs refused to read it, untyped; the cluster's refusal named upsert.merge local as the way out.
+    from deltalake import TableFeatures
+
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
+    tables.apply([(1, "one", "upsert", 1, 0)])
+    DeltaTable(tables.main).alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
+    versions = DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()
+    with pytest.raises(UnsupportedTable, match="main has the deletionVectors feature.*DROP FEATURE deletionVectors"):
+        tables.apply([(1, "one-b", "upsert", 2, 1)])
+    assert (DeltaTable(tables.main).version(), DeltaTable(tables.tombstones).version()) == versions
+
+
+@MERGES
+def test_a_table_recording_its_change_data_feed_takes_a_local_merge_and_refuses_the_clusters(tmp_path, merge):
+    tables = Tables(tmp_path, pa.field("id", pa.int64()), merge=merge)
+    tables.apply([(1, "one", "upsert", 1, 0)])
+    DeltaTable(tables.main).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    if merge == "cluster":
+        with pytest.raises(UnsupportedTable, match="records the change data feed.*use upsert.merge local"):
+            tables.apply([(1, "one-b", "upsert", 2, 1)])
+        assert tables.rows() == {1: "one"}
+        return
+    tables.apply([(1, "one-b", "upsert", 2, 1)])
+    assert tables.rows() == {1: "one-b"} and list(Path(tables.main).glob("_change_data/*.parquet"))
 
 
 

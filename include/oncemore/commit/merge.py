@@ -307,8 +307,8 @@ def apply(ledger: Ledger, tombstones: Ledger | None, changes: Changes, spec: Ups
     if spec.sequence_by is not None or not spec.sequenced:  # a resequence may have landed since the run began
         check_sequence(pipeline, ledger.table_uri, table, spec.sequence_by)
     where = f"{part_of(pipeline, record)}: {ledger.table_uri} version {table.version()}"
-    if cluster is not None:  # before the part's first commit
-        check_rewritable(table, ledger.table_uri)
+    check_scannable(table, ledger.table_uri, where)  # before the part's first commit
+    check_rewritable(table, ledger.table_uri, where, cluster is not None)
     # The table's rows of the part's keys (their order under sequence_by), the deletes the
     # tombstones table holds of them, and the values placeholders take: on the cluster, its scan
     # tasks find them, and the main rows' files are where the copy-on-write's changed keys are.

@@ -63,29 +63,32 @@ def check_writable(table: DeltaTable, table_uri: str) -> None:
 
 def check_scannable(table: DeltaTable, table_uri: str, where: str) -> None:
     """Refuses a table whose files oncemore reads as they are (copyonwrite.scan_keys, merge.py's
-    own scan) while it may hold deletion vectors: a row one deleted is still in the file's Parquet."""
+    own scan; delta-rs's MERGE refuses it untyped) while it may hold deletion vectors: a row one
+    deleted is still in the file's Parquet."""
     if "deletionVectors" in (table.protocol().writer_features or ()):
         raise UnsupportedTable(
             f"{where}: table {table_uri} has the deletionVectors feature, and oncemore reads its files as they are "
             "(a row a deletion vector removed would still count). Nothing was committed; drop the feature with "
-            "delta-spark (ALTER TABLE ... DROP FEATURE deletionVectors), or point the pipeline at a new tombstones "
-            "table", table_uri=table_uri, requirements=["deletion vectors"])
+            "delta-spark (ALTER TABLE ... DROP FEATURE deletionVectors), or point the pipeline at another table",
+            table_uri=table_uri, requirements=["deletion vectors"])
 
 
-def check_rewritable(table: DeltaTable, table_uri: str) -> None:
-    """Refuses, before anything is rewritten, a table whose files a copy-on-write of oncemore's
-    (``upsert.merge: cluster``, copyonwrite.py) may not replace: an append-only table, one whose
-    writers must record the change data feed, or one holding deletion vectors (the rows they
-    delete are still in the files' Parquet, which the rewrite copies)."""
+def check_rewritable(table: DeltaTable, table_uri: str, where: str, on_cluster: bool) -> None:
+    """Refuses, before anything is committed, a table whose files an upsert's MERGE may not
+    replace: an append-only table (delta-rs's MERGE failed its first update with a commit
+    conflict, on every rerun), and on the cluster (a copy-on-write of oncemore's, copyonwrite.py)
+    one whose writers must record the change data feed, which delta-rs's MERGE writes."""
     configuration = table.metadata().configuration
-    asks = ["delta.appendOnly (no file may be removed)"] if configuration.get("delta.appendOnly") == "true" else []
-    asks += (["the change data feed (delta.enableChangeDataFeed: updates and deletes must write change files)"]
-             if configuration.get("delta.enableChangeDataFeed") == "true" else [])
-    asks += (["deletion vectors (files whose deleted rows a rewrite would copy back)"]
-             if "deletionVectors" in (table.protocol().writer_features or ()) else [])
-    if asks:
+    if configuration.get("delta.appendOnly") == "true":
         raise UnsupportedTable(
-            f"table {table_uri}: upsert.merge cluster rewrites the table's files, which it asks no writer to do: "
-            f"{'; '.join(asks)}. Nothing was committed; use upsert.merge local or point the pipeline at another table",
-            table_uri=table_uri, requirements=asks)
+            f"{where}: table {table_uri} is append-only (delta.appendOnly), and an upsert replaces the files of the "
+            "rows it changes or deletes. Nothing was committed; unset it (ALTER TABLE ... SET TBLPROPERTIES "
+            "('delta.appendOnly' = 'false')) or point the pipeline at another table",
+            table_uri=table_uri, requirements=["delta.appendOnly"])
+    if on_cluster and configuration.get("delta.enableChangeDataFeed") == "true":
+        raise UnsupportedTable(
+            f"{where}: table {table_uri} records the change data feed (delta.enableChangeDataFeed), which upsert.merge "
+            "cluster's rewrite does not write. Nothing was committed; use upsert.merge local (delta-rs's MERGE writes "
+            "the change files) or point the pipeline at another table",
+            table_uri=table_uri, requirements=["delta.enableChangeDataFeed"])
 
