@@ -97,6 +97,26 @@ def test_a_delete_applies_by_its_key_whatever_value_it_carries(broker, topic, ma
     assert [json.loads(value)["id"] for value, in query(pipeline.sink.quarantine_uri, "SELECT value FROM {table}")] == [2]
 
 
+def test_a_kafka_tombstone_deletes_its_key_from_a_table_whose_value_columns_are_not_null(
+        broker, topic, make_pipeline, spark):
+    # A null value has no row: the staged delete's value columns are NULL, which the table's own
+    # NOT NULL columns must not refuse.
+    pipeline = make_pipeline(topic, key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": "id BIGINT NOT NULL, name STRING NOT NULL"},
+                             upsert={"keys": ["id"]})
+    broker.produce(topic, [(0, b'{"id": 1}', b'{"id": 1, "name": "one"}', None),
+                           (0, b'{"id": 2}', b'{"id": 2, "name": "two"}', None)])
+    assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
+    assert DeltaTable(pipeline.sink.table_uri).schema().to_arrow().field("name").nullable is False
+    broker.produce(topic, [(0, b'{"id": 1}', None, None)])
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert (report.status, report.quarantined) == ("committed", 0)
+    assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "name"]).to_pylist() == [
+        {"id": 2, "name": "two"}]
+
+
 def test_a_delete_applies_to_a_table_whose_value_columns_are_not_null(broker, topic, make_pipeline, spark):
     # The delete's values are dropped before it is staged: the staged change rows take a NULL anywhere.
     pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT NOT NULL, name STRING NOT NULL, "

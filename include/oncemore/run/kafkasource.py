@@ -207,6 +207,24 @@ class IngestTasks:
                     yield manifest_batch(result)
 
 
+def records_schema(options) -> pa.Schema:
+    """The columns of ``oncemore_records``: the decoded records' (decode/rows.decoded_columns), where
+    an upsert's change records take NULL in every column, since a tombstone's value columns are NULL
+    whatever the format declares NOT NULL (its change row takes its key from the Kafka key, and no
+    value: shape/changes.py); option ``asDeclared`` keeps what the format declares, for the probe
+    that reads no record and tells the table's columns (run/prepare.py)."""
+    import pyarrow as pa
+
+    from oncemore.decode.rows import decoded_columns
+
+    records = task_spec(options).records
+    schema = decoded_columns(records, _prefixed(options, "registry.") or None,
+                             _prefixed(options, "key.registry.") or None)
+    if not records.changes or options.get("asDeclared") == "true":
+        return schema
+    return pa.schema([field.with_nullable(True) for field in schema])
+
+
 class KafkaRecordsDataSource(DataSource):
     """The decoded records of a run's part, as the DataFrame a transform reads (the view ``records``)."""
 
@@ -217,10 +235,7 @@ class KafkaRecordsDataSource(DataSource):
     def schema(self) -> StructType:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from oncemore.decode.rows import decoded_columns
-
-        return from_arrow_schema(decoded_columns(task_spec(self.options).records, _prefixed(self.options, "registry.")
-                                                 or None, _prefixed(self.options, "key.registry.") or None))
+        return from_arrow_schema(records_schema(self.options))
 
     def reader(self, schema) -> "KafkaRecordsReader":
         return KafkaRecordsReader(self.options)
@@ -250,9 +265,10 @@ class KafkaRecordsReader(DataSourceReader):
             spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in task.ranges})
         staging = Staging(spec.quarantine_uri, self.staging, spec.storage_options) if self.staging else None
         decoder = spec.decoder()
+        schema = records_schema(self.tasks.options)  # Spark checks the rows against it
         for item in decode_ranges(self.tasks.ranges(task.ranges), spec, decoder, self.tasks.part_starts):
             if isinstance(item, RangeResult):
                 if staging is not None:
                     staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())
             else:
-                yield from item.cast(decoder.schema).to_batches()
+                yield from item.cast(schema).to_batches()

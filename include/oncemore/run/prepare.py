@@ -160,7 +160,7 @@ def task_spec(pipeline: Pipeline, records: RecordSpec, table_schema: pa.Schema, 
 
 def _probe_options(spec: TaskSpec) -> dict[str, str]:
     """Options of a records DataFrame that reads nothing: what Spark's analysis of a transform needs."""
-    options = {"tasks": "[]", "maxBytesPerTask": "1", "spec": spec.to_json(), "staging": "probe"}
+    options = {"tasks": "[]", "maxBytesPerTask": "1", "spec": spec.to_json(), "staging": "probe", "asDeclared": "true"}
     for prefix, settings in (("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
         options.update({f"{prefix}{k}": v for k, v in settings.items()})
     return options
