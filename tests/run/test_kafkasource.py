@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer
@@ -197,3 +200,20 @@ def test_spark_reads_a_range_as_records_with_the_kafka_source_columns(broker, to
     rows = sorted((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
     assert rows == [(0, o) for o in by_partition[0][10:20]] + [(2, o) for o in by_partition[2]]
 
+
+
+def test_a_task_function_of_megabytes_reaches_no_file_with_the_credentials_it_holds(spark):
+    # PySpark broadcast a function whose pickle passed 1 MiB: a file under spark.local.dir, on the
+    # driver and each executor, which a killed run leaves behind. The ingest job's function holds
+    # the Kafka and storage credentials and all its tasks' ranges (kafkasource.IngestTasks).
+    secret = f"hunter2-{uuid.uuid4().hex}"
+    options = {"kafka.sasl.password": secret, "tasks": "x" * 2_000_000}
+
+    def each(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pylist([{"n": len(options["tasks"])}] * batch.num_rows)
+
+    assert [r.n for r in spark.range(0, 2, 1, 2).mapInArrow(each, "n long").collect()] == [2_000_000] * 2
+    written = [path for path in Path(spark.sparkContext._temp_dir).rglob("*")
+               if path.is_file() and secret.encode() in path.read_bytes()]
+    assert not written

@@ -54,6 +54,11 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.redaction.regex", SPARK_CONF_REGEX).config("spark.ui.showConsoleProgress", "false")
+    # PySpark broadcasts a task function whose pickle passes this (1 MiB by default), and a
+    # broadcast is a file under spark.local.dir on the driver and each executor, left behind by a
+    # killed run. The functions of oncemore's jobs hold the Kafka and storage credentials
+    # (kafkasource.IngestTasks, rewritejob.py) and all their tasks' ranges: never to a file.
+    builder = builder.config("spark.broadcast.UDFCompressionThreshold", "1t")
     java_options = driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
