@@ -10,8 +10,8 @@ newer producer, or an older one after the latest version dropped a field) stops 
 then ``follow``s that writer (Avro: the merge of reader and writer, avro/merge.py; Protobuf: the
 writer's own schema) or, when the table cannot take it, ``refuse``s it: its records become errors
 with the reason (quarantined), so no record stops a run twice. Registry settings never travel with
-the spec: they hold secrets, and go to executors as Spark data source options Spark redacts
-(``registry.<key>``, ``key.registry.<key>``).
+the spec: they hold secrets, and go to executors one option each (``registry.<key>``,
+``key.registry.<key>``: run/kafkasource.py), which Spark redacts where they are data source options.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@
   driver-side commit makes the part's commits; its outcome comes back through the staging area
   (an upsert whose MERGE runs on the cluster: the run makes them after the job, rewritejob.py).
 
-A job that fails names the ranges of the task that failed (Spark names the task's index, the
-index of its group of ranges in the reading stage) and the cause, a dead Python worker included.
+A job that fails names the ranges of the task that failed where Spark names the task's index
+(the index of its group of ranges in the reading stage: a dead Python worker), else every range
+of the job, and the cause; an error a task raises names its own range (kafka/, decode/).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ What runs read (``TaskRanges``): option ``tasks`` lists the Spark tasks, each a 
 ``[[topic, partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
 ``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
 ``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
-Spark redacts the secret ones.
+Spark redacts the secret ones where they are a Data Source's options.
 - ``IngestTasks``: records stay in Python. The function ``mapInArrow`` runs over one row per task
   (run/jobs.py): each range is decoded and written to the task's files of both tables, and the
   task yields one manifest row per range (commit/inputs.py's RangeResult): crossing into the JVM
@@ -20,7 +20,8 @@ Spark redacts the secret ones.
   plans one in Python processes of their own on the driver (looking the source up, making it,
   planning its read), one daemon and one worker each, kept a minute idle; that was 316 MiB of a
   1 M-record run's 1,576 (docs/performance.md). The options reach the tasks inside the function,
-  which Spark shows by name only (as run/rewritejob.py's).
+  which Spark shows by name only (as run/rewritejob.py's) and oncemore's sessions never write to a
+  file (session.py).
 - ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
   ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
   Without option ``staging`` (``oncemore check --sample``) it writes nothing: no RangeResult, and

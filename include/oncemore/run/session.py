@@ -186,8 +186,9 @@ def connect_session(remote: str):
 def _connect_client_log_capped() -> None:
     """PySpark's Connect client at DEBUG (SPARK_CONNECT_LOG_LEVEL=debug) logs each request in full,
     where no Spark redaction reaches: every data source option's value (kafka.*, storage.*) and the
-    pickled functions its tasks run, whose text holds what they captured (the cluster MERGE's
-    tasks carry the object store's credentials, run/rewritejob.py). So it logs at INFO at most."""
+    pickled functions its tasks run, whose text holds what they captured (the ingest job's and
+    the cluster MERGE's tasks carry the Kafka and object store credentials: kafkasource.py,
+    rewritejob.py). So it logs at INFO at most."""
     from pyspark.sql.connect.logging import logger
 
     if logger.isEnabledFor(logging.DEBUG):

@@ -2,8 +2,8 @@
 writes (TableSpec: the main table, or one per route, each with the offsets it still needs), how
 records are routed to them, the quarantine table and its floors.
 
-Travels to executors as a data source option (JSON); the storage and registry settings travel
-apart, one option each, so Spark redacts secret ones.
+Travels to executors as a reading option (JSON, run/kafkasource.py); the storage and registry
+settings travel apart, one option each, so Spark redacts secret ones where they are data source options.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ class TableSpec:
 @dataclass(frozen=True)
 class TaskSpec:
     """What a task needs to turn records into table files: its tables (the main table, or one per
-    route, each routed to by ``router``), the quarantine table and its floors. Travels as a data
-    source option (``to_json``); the storage and registry settings travel apart, one option each
-    (``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>``), so Spark redacts secret ones."""
+    route, each routed to by ``router``), the quarantine table and its floors. Travels as a reading
+    option (``to_json``); the storage and registry settings travel apart, one option each
+    (``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>``), so Spark redacts secret ones
+    where they are data source options."""
 
     tables: tuple[TableSpec, ...]
     quarantine_uri: str
