@@ -28,7 +28,7 @@ from conftest import (
 )
 from oncemore.commit.groupmirror import GroupMirror
 from oncemore.commit.inputs import STAGING_DIR
-from oncemore.config.model import VACUUM_RETENTION_FLOOR_HOURS
+from oncemore.config.schedule import VACUUM_RETENTION_FLOOR_HOURS
 from oncemore.config.values import ConfigError, OffsetBound
 from oncemore.plan import ledger
 from oncemore.plan.ledger import Ledger

@@ -29,7 +29,8 @@ from typing import Any
 from deltalake.exceptions import CommitFailedError
 
 from oncemore.commit.removable import SPELLED, WAY_OUT, UnremovableFile, unremovable
-from oncemore.config.model import Maintenance, Pipeline
+from oncemore.config.model import Pipeline
+from oncemore.config.schedule import Maintenance
 from oncemore.core import crashpoints
 from oncemore.core.columns import DELETED_AT_FIELD, TIMESTAMP_COLUMN
 from oncemore.core.coordinates import KafkaPartition, flat
