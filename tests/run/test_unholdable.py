@@ -97,24 +97,65 @@ def test_a_delete_applies_by_its_key_whatever_value_it_carries(broker, topic, ma
     assert [json.loads(value)["id"] for value, in query(pipeline.sink.quarantine_uri, "SELECT value FROM {table}")] == [2]
 
 
+NOT_NULL_ROW = "id BIGINT NOT NULL, name STRING NOT NULL, addr STRUCT<zip: STRING NOT NULL>"
+
+
+def table_rows(pipeline) -> list[dict]:
+    return sorted(DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "name", "addr"]).to_pylist(),
+                  key=lambda row: row["id"])
+
+
 def test_a_kafka_tombstone_deletes_its_key_from_a_table_whose_value_columns_are_not_null(
         broker, topic, make_pipeline, spark):
-    # A null value has no row: the staged delete's value columns are NULL, which the table's own
-    # NOT NULL columns must not refuse.
+    # A tombstone's value columns are NULL, a NOT NULL struct field under them too: the records'
+    # DataFrame takes NULL at every depth, and the table keeps its NOT NULL columns.
     pipeline = make_pipeline(topic, key={"type": "json", "schema": "id BIGINT"},
-                             format={"type": "json", "schema": "id BIGINT NOT NULL, name STRING NOT NULL"},
-                             upsert={"keys": ["id"]})
-    broker.produce(topic, [(0, b'{"id": 1}', b'{"id": 1, "name": "one"}', None),
-                           (0, b'{"id": 2}', b'{"id": 2, "name": "two"}', None)])
+                             format={"type": "json", "schema": NOT_NULL_ROW}, upsert={"keys": ["id"]})
+    broker.produce(topic, [(0, b'{"id": 1}', b'{"id": 1, "name": "one", "addr": {"zip": "a"}}', None),
+                           (0, b'{"id": 2}', b'{"id": 2, "name": "two", "addr": null}', None)])
     assert runner.run(pipeline, spark_factory=lambda: spark).status == "committed"
-    assert DeltaTable(pipeline.sink.table_uri).schema().to_arrow().field("name").nullable is False
+    schema = pa.schema(DeltaTable(pipeline.sink.table_uri).schema().to_arrow())
+    assert (schema.field("name").nullable, str(schema.field("addr").type)) == (False, "struct<zip: string not null>")
     broker.produce(topic, [(0, b'{"id": 1}', None, None)])
 
     report = runner.run(pipeline, spark_factory=lambda: spark)
 
     assert (report.status, report.quarantined) == ("committed", 0)
-    assert DeltaTable(pipeline.sink.table_uri).to_pyarrow_table().select(["id", "name"]).to_pylist() == [
-        {"id": 2, "name": "two"}]
+    assert table_rows(pipeline) == [{"id": 2, "name": "two", "addr": None}]
+
+
+def test_debezium_creates_and_deletes_apply_to_a_table_whose_columns_are_not_null(broker, topic, make_pipeline, spark):
+    # A create's "before" and a delete's "after" are NULL structs whose fields are NOT NULL.
+    pipeline = make_pipeline(topic, key={"type": "json", "schema": "id BIGINT"},
+                             format={"type": "json", "schema": NOT_NULL_ROW},
+                             upsert={"keys": ["id"], "envelope": "debezium"})
+
+    def event(op: str, before, after) -> bytes:
+        return json.dumps({"before": before, "after": after, "op": op, "ts_ms": 1}).encode()
+
+    one, two = ({"id": i, "name": n, "addr": {"zip": n[0]}} for i, n in ((1, "one"), (2, "two")))
+    broker.produce(topic, [(0, b'{"id": 1}', event("c", None, one), None),
+                           (0, b'{"id": 2}', event("c", None, two), None),
+                           (0, b'{"id": 1}', event("d", one, None), None)])
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert (report.status, report.quarantined) == ("committed", 0)
+    assert table_rows(pipeline) == [two]
+
+
+def test_a_transform_reads_a_null_struct_whose_fields_are_not_null(broker, topic, make_pipeline, spark):
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": NOT_NULL_ROW},
+                             transform="SELECT * FROM records")
+    produced = broker.produce(topic, [(0, None, b'{"id": 1, "name": "one", "addr": {"zip": "a"}}', None),
+                                      (0, None, b'{"id": 2, "name": "two", "addr": null}', None)])
+
+    report = runner.run(pipeline, spark_factory=lambda: spark)
+
+    assert (report.status, report.quarantined) == ("committed", 0)
+    assert table_rows(pipeline) == [{"id": 1, "name": "one", "addr": {"zip": "a"}},
+                                    {"id": 2, "name": "two", "addr": None}]
+    assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
 
 
 def test_a_delete_applies_to_a_table_whose_value_columns_are_not_null(broker, topic, make_pipeline, spark):

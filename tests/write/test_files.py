@@ -145,3 +145,23 @@ def test_a_null_list_backed_by_values_and_a_sliced_table_are_judged_and_written_
     narrower = pa.schema([("l", pa.list_(pa.int32()))])
     assert conform(table, narrower).column("l").to_pylist() == [None, [3], [4, None]]
     assert conform(table.slice(1), narrower).column("l").to_pylist() == [[3], [4, None]]
+
+
+def test_a_null_struct_whose_fields_are_not_null_is_written_and_a_null_that_shows_is_named():
+    # Row 1's struct is NULL (its NOT NULL fields hold nothing), row 2's field is NULL, row 3's id.
+    address = pa.struct([("zip", pa.string()), ("geo", pa.struct([("lat", pa.float64())])), ("tags", pa.list_(pa.string()))])
+    table = pa.table({"id": [1, 2, 3, None], "addr": pa.array(
+        [{"zip": "a", "geo": {"lat": 1.5}, "tags": ["x"]}, None, {"zip": None, "geo": {"lat": 2.0}, "tags": []},
+         {"zip": "d", "geo": {"lat": 3.0}, "tags": []}], address)})
+    held = pa.schema([pa.field("id", pa.int64(), nullable=False), ("addr", pa.struct([
+        pa.field("zip", pa.string(), nullable=False),
+        pa.field("geo", pa.struct([pa.field("lat", pa.float64(), nullable=False)]), nullable=False),
+        pa.field("tags", pa.list_(pa.string()), nullable=False)]))])
+
+    assert unholdable_values(table, held) == {
+        2: "column 'addr.zip': a NULL, which the table's column (string NOT NULL) cannot hold",
+        3: "column 'id': a NULL, which the table's column (int64 NOT NULL) cannot hold"}
+    stored = conform(table.slice(0, 2), held)
+    pq.write_table(stored, "/dev/null")  # Parquet's writer refused a NULL under the NULL struct
+    assert stored.to_pylist() == [{"id": 1, "addr": {"zip": "a", "geo": {"lat": 1.5}, "tags": ["x"]}},
+                                  {"id": 2, "addr": None}]

@@ -61,6 +61,26 @@ def change_schema(table_schema: pa.Schema | None) -> pa.Schema:
         pa.field(CHANGE_COLUMN, pa.string()))
 
 
+def nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field taking NULL at every depth (struct fields, list items, map
+    values; a map's keys never do)."""
+    return pa.schema([f.with_type(_nullable_type(f.type)).with_nullable(True) for f in schema], schema.metadata)
+
+
+def _nullable_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_nullable_type(f.type)).with_nullable(True) for f in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(kind.key_field, kind.item_field.with_type(_nullable_type(kind.item_type)).with_nullable(True),
+                       kind.keys_sorted)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        item = kind.value_field.with_type(_nullable_type(kind.value_type)).with_nullable(True)
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(item, kind.list_size)
+        return pa.large_list(item) if pa.types.is_large_list(kind) else pa.list_(item)
+    return kind
+
+
 def tombstones_schema(keys: pa.Schema) -> pa.Schema:
     """The tombstones table of an upsert table keyed by ``keys``: per deleted key, the order of
     the delete (its sequence and coordinates) and when it was applied."""

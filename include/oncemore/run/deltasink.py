@@ -211,10 +211,13 @@ def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert_k
     verdicts = [f"{VERDICT_PREFIX}{i}" for i in range(len(expectations))]
     errors = _failed_expectations(rows, pipeline, expectations, verdicts, violations)
     rows = rows.drop_columns(verdicts)
+    judged = schema
     if upsert_keys:
         errors.update(_inapplicable(rows, pipeline))
         rows = _values_of_upserts(rows.drop_columns([INVALID_COLUMN]), upsert_keys, schema)
-    for i, message in unstorable_rows(rows, schema, partition_by).items():
+        keys = {k.lower() for k in upsert_keys}  # a delete's values are NULL: only its key must be there
+        judged = pa.schema([f if f.name.lower() in keys else f.with_nullable(True) for f in schema])
+    for i, message in unstorable_rows(rows, judged, partition_by).items():
         errors.setdefault(i, message)
     return rows, errors
 

@@ -209,21 +209,20 @@ class IngestTasks:
 
 
 def records_schema(options) -> pa.Schema:
-    """The columns of ``oncemore_records``: the decoded records' (decode/rows.decoded_columns), where
-    an upsert's change records take NULL in every column, since a tombstone's value columns are NULL
-    whatever the format declares NOT NULL (its change row takes its key from the Kafka key, and no
-    value: shape/changes.py); option ``asDeclared`` keeps what the format declares, for the probe
-    that reads no record and tells the table's columns (run/prepare.py)."""
-    import pyarrow as pa
-
+    """The columns of ``oncemore_records``: the decoded records' (decode/rows.decoded_columns), each
+    taking NULL at every depth, whatever the format declares NOT NULL: a tombstone's value columns
+    are NULL (its change row takes its key from the Kafka key, and no value: shape/changes.py), and
+    so are a NULL struct's fields, which Arrow refused to cast to a NOT NULL field, failing the
+    task on every rerun (Spark checks each batch against these columns). Option ``asDeclared``
+    keeps what the format declares, for the probe that reads no record and tells the table's
+    columns (run/prepare.py): those NOT NULL stay so in the table (the decoders refuse a record
+    without such a value; write/fit.py the rest)."""
+    from oncemore.core.columns import nullable
     from oncemore.decode.rows import decoded_columns
 
-    records = task_spec(options).records
-    schema = decoded_columns(records, _prefixed(options, "registry.") or None,
+    schema = decoded_columns(task_spec(options).records, _prefixed(options, "registry.") or None,
                              _prefixed(options, "key.registry.") or None)
-    if not records.changes or options.get("asDeclared") == "true":
-        return schema
-    return pa.schema([field.with_nullable(True) for field in schema])
+    return schema if options.get("asDeclared") == "true" else nullable(schema)
 
 
 class KafkaRecordsDataSource(DataSource):

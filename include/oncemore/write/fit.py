@@ -70,7 +70,8 @@ def unholdable_values(rows: pa.Table, schema: pa.Schema) -> dict[int, str]:
     """By row, why the table's column (``schema``, the table's) cannot hold a row's value, at any
     depth (a struct's field, an array's element, a map's value): a value the safe cast to the
     column's type refuses (an integer it would overflow, a decimal or timestamp it would round),
-    or a NULL element of an ARRAY, or value of a MAP, whose type holds none (delta-spark makes them
+    a NULL where the column, or a field of its struct that is not NULL itself, is NOT NULL, or a
+    NULL element of an ARRAY, or value of a MAP, whose type holds none (delta-spark makes them
     of ``array(...)`` and ``map(...)``; evolution.py lets the records fill such a column, as a row
     holding no NULL there is fine). Cheap where every value fits: a cast per column whose type
     differs, a null count per such array or map; rows are looked for only in a column that fails."""
@@ -80,10 +81,20 @@ def unholdable_values(rows: pa.Table, schema: pa.Schema) -> dict[int, str]:
             continue
         start = 0
         for chunk in rows.column(field.name).chunks:
-            for row, problem in _unheld(chunk, field.type, field.name).items():
+            found = _nulls_unheld(chunk, pa.array(np.ones(len(chunk), bool)), field, field.name)
+            for row, problem in {**_unheld(chunk, field.type, field.name), **found}.items():
                 problems.setdefault(start + row, problem)
             start += len(chunk)
     return problems
+
+
+def _nulls_unheld(array: pa.Array, shown: pa.Array, field: pa.Field, path: str) -> dict[int, str]:
+    """The positions where ``field`` is NOT NULL and ``array`` holds a NULL that shows (``shown``:
+    its struct is not NULL itself), with the reason."""
+    if field.nullable or not array.null_count:
+        return {}
+    rows = pc.indices_nonzero(pc.and_(array.is_null(), shown)).to_pylist()
+    return dict.fromkeys(rows, f"column {path!r}: a NULL, which the table's column ({field.type} NOT NULL) cannot hold")
 
 
 def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
@@ -93,9 +104,10 @@ def _unheld(array: pa.Array, kind: pa.DataType, path: str) -> dict[int, str]:
         found: dict[int, str] = {}
         children = dict(zip((f.name for f in array.type), array.flatten()))  # NULL where the struct is
         for field in kind:
-            if field.name in children:
-                for row, problem in _unheld(children[field.name], field.type, f"{path}.{field.name}").items():
-                    found.setdefault(row, problem)
+            child = children.get(field.name, pa.nulls(len(array), field.type))
+            for row, problem in {**_unheld(child, field.type, f"{path}.{field.name}"),
+                                 **_nulls_unheld(child, array.is_valid(), field, f"{path}.{field.name}")}.items():
+                found.setdefault(row, problem)
         return found
     if pa.types.is_list(kind) and pa.types.is_list(array.type):
         return _unheld_items(array, array.values, kind.value_field, f"{path}[]")
@@ -169,6 +181,10 @@ def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
         fields = list(kind)
         arrays = [_conform(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
                   for f in fields]
+        if array.null_count:  # a NOT NULL field under a NULL struct: no value is stored, and Parquet's writer refuses a NULL
+            hidden = array.is_null()
+            arrays = [pc.if_else(hidden, _placeholders(f.type, len(array)), a) if not f.nullable and a.null_count else a
+                      for f, a in zip(fields, arrays)]
         return pa.StructArray.from_arrays(arrays, fields=fields, mask=array.is_null())
     if pa.types.is_list(kind) and pa.types.is_list(array.type):
         offsets, values = _reached(array, array.values)
@@ -178,6 +194,29 @@ def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
         return pa.MapArray.from_arrays(offsets, _conform(keys, kind.key_type), _conform(items, kind.item_type),
                                        type=kind, mask=array.is_null())
     return array.cast(kind)
+
+
+def _placeholders(kind: pa.DataType, count: int) -> pa.Array:
+    """``count`` values of ``kind`` holding no NULL at any depth (zero, empty, false): what a NOT NULL
+    field holds under a NULL struct, where nothing reads it."""
+    if pa.types.is_struct(kind):
+        return pa.StructArray.from_arrays([_placeholders(f.type, count) for f in kind], fields=list(kind))
+    offsets = pa.array(np.zeros(count + 1, np.int32))
+    if pa.types.is_map(kind):
+        return pa.MapArray.from_arrays(offsets, pa.array([], kind.key_type), pa.array([], kind.item_type), type=kind)
+    if pa.types.is_list(kind):
+        return pa.ListArray.from_arrays(offsets, pa.array([], kind.value_type), type=kind)
+    if pa.types.is_large_list(kind):
+        return pa.LargeListArray.from_arrays(offsets.cast(pa.int64()), pa.array([], kind.value_type), type=kind)
+    if pa.types.is_fixed_size_list(kind):
+        return pa.FixedSizeListArray.from_arrays(_placeholders(kind.value_type, count * kind.list_size), type=kind)
+    if pa.types.is_fixed_size_binary(kind):
+        return pa.array([bytes(kind.byte_width)] * count, kind)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return pa.array([""] * count, pa.string()).cast(kind)
+    if pa.types.is_decimal(kind):
+        return pa.array([0] * count, pa.decimal128(1, 0)).cast(kind)
+    return pa.array(np.zeros(count, np.int32 if pa.types.is_date32(kind) or pa.types.is_time32(kind) else np.int64)).cast(kind)
 
 
 def _reached(array: pa.Array, child: pa.Array) -> tuple[pa.Array, pa.Array]:
