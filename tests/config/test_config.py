@@ -82,6 +82,7 @@ def test_loads_with_env_substitution_and_redacts_secrets(tmp_path):
         ("source.bootstrap_servers", KeyError, "source.bootstrap_servers", "is required"),
         ("airflow.start_date", KeyError, "airflow.start_date", "is required"),
         ("airflow.end_date", "2026-10-31T23:00:00Z", "airflow.end_date", "is before start_date"),
+        ("airflow.end_date", "2026-11-30T00:00:00Z", "airflow.end_date", "needs catchup: true"),
         ("airflow.schedule", "0 25 * * *", "airflow.schedule", "is not a valid cron: a field is out of range"),
         ("airflow.schedule", "@every_hour", "airflow.schedule", "is not a 5-field cron (minute hour day-of-month "
                                                                 "month day-of-week) or one of @hourly, @daily"),

@@ -68,7 +68,7 @@ def check_scannable(table: DeltaTable, table_uri: str, where: str) -> None:
     if "deletionVectors" in (table.protocol().writer_features or ()):
         raise UnsupportedTable(
             f"{where}: table {table_uri} has the deletionVectors feature, and oncemore reads its files as they are "
-            "(a row a deletion vector removed would still count). Nothing was committed; drop the feature with "
+            "(a row a deletion vector removed would still count). Neither the table nor its tombstones changed; drop the feature with "
             "delta-spark (ALTER TABLE ... DROP FEATURE deletionVectors), or point the pipeline at another table",
             table_uri=table_uri, requirements=["deletion vectors"])
 
@@ -79,16 +79,16 @@ def check_rewritable(table: DeltaTable, table_uri: str, where: str, on_cluster: 
     conflict, on every rerun), and on the cluster (a copy-on-write of oncemore's, copyonwrite.py)
     one whose writers must record the change data feed, which delta-rs's MERGE writes."""
     configuration = table.metadata().configuration
-    if configuration.get("delta.appendOnly") == "true":
+    if configuration.get("delta.appendOnly", "").lower() == "true":  # delta-spark reads "True" too
         raise UnsupportedTable(
             f"{where}: table {table_uri} is append-only (delta.appendOnly), and an upsert replaces the files of the "
-            "rows it changes or deletes. Nothing was committed; unset it (ALTER TABLE ... SET TBLPROPERTIES "
+            "rows it changes or deletes. Neither the table nor its tombstones changed; unset it (ALTER TABLE ... SET TBLPROPERTIES "
             "('delta.appendOnly' = 'false')) or point the pipeline at another table",
             table_uri=table_uri, requirements=["delta.appendOnly"])
-    if on_cluster and configuration.get("delta.enableChangeDataFeed") == "true":
+    if on_cluster and configuration.get("delta.enableChangeDataFeed", "").lower() == "true":
         raise UnsupportedTable(
             f"{where}: table {table_uri} records the change data feed (delta.enableChangeDataFeed), which upsert.merge "
-            "cluster's rewrite does not write. Nothing was committed; use upsert.merge local (delta-rs's MERGE writes "
+            "cluster's rewrite does not write. Neither the table nor its tombstones changed; use upsert.merge local (delta-rs's MERGE writes "
             "the change files) or point the pipeline at another table",
             table_uri=table_uri, requirements=["delta.enableChangeDataFeed"])
 

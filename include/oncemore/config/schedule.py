@@ -1,5 +1,5 @@
 """When a pipeline's work runs in Airflow: its ingest DAG's data intervals (``airflow``) and its
-tables' upkeep (``maintenance``). Invariant: a data interval is never before ``start_date`` nor
+tables' upkeep (``maintenance``). Invariant: no data interval starts before ``start_date`` or
 after ``end_date``, and vacuum never deletes a file a committing batch may still reference.
 """
 
@@ -54,6 +54,11 @@ class AirflowSettings(_Settings):
     def _ends_after_start(self) -> "AirflowSettings":
         if self.end_date is not None and self.end_date < self.start_date:
             raise key_problem("end_date", "is before start_date: no data interval would run")
+        if self.end_date is not None and not self.catchup:
+            # Airflow then runs only the latest interval: one the scheduler missed (down, or the DAG
+            # paused) before end_date never runs, and its records would never be ingested.
+            raise key_problem("end_date", "needs catchup: true (without it, an interval missed before end_date "
+                                          "never runs)")
         return self
 
     @property
