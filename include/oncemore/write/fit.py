@@ -166,15 +166,27 @@ def _refused(array: pa.Array, kind: pa.DataType) -> list[int]:
 def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """``rows`` in the table's ``schema``: its columns in its order, a column or a struct field the
     rows lack (the table gained it by schema evolution, or the records no longer have it) as NULL."""
-    if rows.schema.equals(schema, check_metadata=False):
+    if rows.schema.equals(schema, check_metadata=False) and not any(_hides_required(f.type) for f in schema):
         return rows
     arrays = [_conform(rows.column(f.name).combine_chunks(), f.type) if f.name in rows.column_names
               else pa.nulls(rows.num_rows, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _hides_required(kind: pa.DataType) -> bool:
+    """Whether values of ``kind`` may hold a NOT NULL struct field under a NULL struct (at any
+    depth), where a decoder or Spark leaves a NULL that Parquet's writer refuses."""
+    if pa.types.is_struct(kind):
+        return any(not f.nullable or _hides_required(f.type) for f in kind)
+    if pa.types.is_map(kind):
+        return _hides_required(kind.item_type)
+    if pa.types.is_list(kind):  # the nested types _conform rebuilds (no decoder makes large or fixed-size lists)
+        return _hides_required(kind.value_type)
+    return False
+
+
 def _conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
-    if array.type.equals(kind):
+    if array.type.equals(kind) and not _hides_required(kind):
         return array
     if pa.types.is_struct(kind) and pa.types.is_struct(array.type):
         children = dict(zip((f.name for f in array.type), array.flatten()))  # as unholdable_values judged them
