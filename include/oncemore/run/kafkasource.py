@@ -257,6 +257,7 @@ class KafkaRecordsReader(DataSourceReader):
         if task is None:
             return
         from oncemore.commit.inputs import RangeResult
+        from oncemore.core.columns import nullable
         from oncemore.run.staging import Staging
         from oncemore.run.tasks import decode_ranges
 
@@ -265,7 +266,7 @@ class KafkaRecordsReader(DataSourceReader):
             spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in task.ranges})
         staging = Staging(spec.quarantine_uri, self.staging, spec.storage_options) if self.staging else None
         decoder = spec.decoder()
-        schema = records_schema(self.tasks.options)  # Spark checks the rows against it
+        schema = nullable(decoder.schema)  # records_schema's, which Spark checks the rows against
         for item in decode_ranges(self.tasks.ranges(task.ranges), spec, decoder, self.tasks.part_starts):
             if isinstance(item, RangeResult):
                 if staging is not None:
