@@ -28,7 +28,9 @@ from oncemore.write.filestats import FileStats
 
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
 # (PLATFORM.md: 37 MB vs 24 MB for the same data), and never more than ROW_GROUP_BYTES in memory.
-ROW_GROUP_ROWS = 100_000
+# 50,000, not 100,000: a replayed task of 500,000 records peaked 23 MiB lower, as fast, and a 1 M-record
+# run's task workers ~30 MiB lower each (docs/performance.md, "Memory beside the peer").
+ROW_GROUP_ROWS = 50_000
 ROW_GROUP_BYTES = 128 << 20
 # A task rolls to a new file past either bound.
 FILE_ROWS = 4_000_000
