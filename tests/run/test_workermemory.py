@@ -81,3 +81,57 @@ def test_an_allocator_set_for_the_workers_wins(arrow_pool, monkeypatch):
     pa.set_memory_pool(pa.mimalloc_memory_pool())  # what Arrow chose from the variable
     with task_memory():
         assert pa.default_memory_pool().backend_name == "mimalloc"
+
+
+# Run in a fresh interpreter: this test process has imported pandas already.
+WITHOUT_PANDAS = """
+import sys
+import pyarrow as pa
+from oncemore.run.workermemory import pandas_kept_out
+with pandas_kept_out():
+    assert pa.array([1, None]).to_pylist() == [1, None]  # pyarrow's first conversion asks for pandas
+    assert pa.array([3], pa.int32()).to_numpy(zero_copy_only=False).tolist() == [3]
+    try:
+        import pandas
+        print("imported inside")
+    except ModuleNotFoundError as refused:
+        print("refused:", refused)
+    print("pandas" in sys.modules)
+import pandas  # the worker's next task
+print(pa.table({"x": [1, 2]}).to_pandas()["x"].tolist())
+"""
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_an_ingest_task_of_oncemore_s_own_workers_converts_arrow_without_pandas_and_leaves_it_importable(own):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != workermemory.OWN_WORKERS_ENV}
+    if own:
+        env[workermemory.OWN_WORKERS_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", WITHOUT_PANDAS], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    if own:
+        assert lines[:2] == ["refused: No module named 'pandas' in an oncemore ingest task (run/workermemory.py)",
+                             "False"]
+    else:  # a worker of another session (a Connect server's) keeps pandas
+        assert lines[:2] == ["imported inside", "True"]
+    assert lines[2] == "[1, 2]"
+
+
+def test_the_workers_of_a_session_oncemore_starts_get_its_worker_environment(spark):
+    from oncemore.run.session import WORKER_ENV
+
+    def report(batches):
+        import os
+
+        for _ in batches:
+            pass
+        yield pa.record_batch([pa.array([" ".join(f"{k}={os.environ.get(k)}" for k in sorted(WORKER_ENV))])],
+                              names=["env"])
+
+    seen = {row.env for row in spark.range(0, 2, 1, 2).mapInArrow(report, "env string").collect()}
+    assert seen == {"ARROW_DEFAULT_MEMORY_POOL=system MALLOC_ARENA_MAX=2 ONCEMORE_OWN_WORKERS=1"}

@@ -198,14 +198,17 @@ class IngestTasks:
         self.options = options
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from oncemore.run.tasks import ingest_ranges, manifest_batch
+        from oncemore.run.workermemory import pandas_kept_out
 
-        tasks = TaskRanges(self.options)
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                for result in ingest_ranges(tasks.ranges(tasks.tasks[index]), tasks.spec, tasks.spec.decoders(),
-                                            tasks.part_starts):
-                    yield manifest_batch(result)
+        with pandas_kept_out():  # from before the task's imports: some make Arrow arrays at import
+            from oncemore.run.tasks import ingest_ranges, manifest_batch
+
+            tasks = TaskRanges(self.options)
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    for result in ingest_ranges(tasks.ranges(tasks.tasks[index]), tasks.spec, tasks.spec.decoders(),
+                                                tasks.part_starts):
+                        yield manifest_batch(result)
 
 
 def records_schema(options) -> pa.Schema:

@@ -20,6 +20,7 @@ from typing import Iterator
 from oncemore.core.errors import SparkConnectError
 from oncemore.core.redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
 from oncemore.run import classarchive, connectslots
+from oncemore.run.workermemory import OWN_WORKERS_ENV
 
 MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
@@ -33,6 +34,13 @@ SESSION_CONF = {
     "spark.sql.redaction.options.regex": spark_options_regex(),
     "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
 }
+
+# The environment of the Python workers of a session oncemore starts (spark.executorEnv.*), where its
+# own environment does not set these already: Arrow's memory from the system's allocator, glibc's
+# malloc in two arenas, not one per thread (the Kafka client's among them), and the mark that lets an
+# ingest task keep pandas out (workermemory.py). A 1 M-record run's task workers peaked ~30 MiB lower
+# each with the first two, ~45 more with the third (docs/performance.md, "Memory beside the peer").
+WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", OWN_WORKERS_ENV: "1"}
 
 
 def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
@@ -59,6 +67,8 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
     # killed run. The functions of oncemore's jobs hold the Kafka and storage credentials
     # (kafkasource.IngestTasks, rewritejob.py) and all their tasks' ranges: never to a file.
     builder = builder.config("spark.broadcast.UDFCompressionThreshold", "1t")
+    for key, value in WORKER_ENV.items():
+        builder = builder.config(f"spark.executorEnv.{key}", os.environ.get(key, value))
     java_options = driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)

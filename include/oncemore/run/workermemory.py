@@ -1,21 +1,27 @@
 """A Spark Python worker's memory from one task to the next: what a task that reads Kafka runs
-under (``task_memory``).
+under (``task_memory``), and an ingest task's worker without pandas (``pandas_kept_out``).
 
 Invariant: whatever a task did, the worker it leaves behind has Python's cyclic garbage collector
-on (a Python worker's default) and holds no more memory than the next task needs; Spark reuses the
-worker for the next task.
+on (a Python worker's default), can import pandas, and holds no more memory than the next task
+needs; Spark reuses the worker for the next task.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import importlib.abc
 import os
+import sys
 from contextlib import contextmanager
 from functools import cache
 from typing import Iterator
 
 import pyarrow as pa
+
+# Set for the Python workers of a session oncemore starts (run/session.py), never on a Spark Connect
+# server's, which other users' jobs share: see pandas_kept_out.
+OWN_WORKERS_ENV = "ONCEMORE_OWN_WORKERS"
 
 
 @contextmanager
@@ -39,7 +45,9 @@ def task_memory() -> Iterator[None]:
     Allocated by the system's allocator: Arrow's default (mimalloc here) kept more of what a task
     freed while it ran; each task worker of a 1 M-record Avro run peaked 15-35 MiB lower with
     glibc's malloc (docs/performance.md, "Memory beside the peer"). An ``ARROW_DEFAULT_MEMORY_POOL``
-    set for the workers wins."""
+    set for the workers wins; a session oncemore starts sets ``system`` for its workers
+    (run/session.py): chosen when the worker starts, not at its first task, it kept a 1 M-record
+    run's task workers ~20 MiB lower each."""
     _use_system_allocator()
     gc.disable()
     try:
@@ -47,6 +55,43 @@ def task_memory() -> Iterator[None]:
     finally:
         gc.enable()
         _release_memory()
+
+
+@contextmanager
+def pandas_kept_out() -> Iterator[None]:
+    """Within, pandas cannot be imported, if this is a worker of a session oncemore started
+    (``OWN_WORKERS_ENV``) and pandas was not imported yet; as before once the task ends.
+
+    pyarrow imports pandas on its first conversion of Python or NumPy values (``pa.array``,
+    ``to_pylist``, ``to_numpy``), only to recognise pandas objects: refused, it converts without.
+    pandas took 44 MiB of each task worker, a third of its imports (a replayed task's imports: 122
+    MiB with it, 78 without; docs/performance.md, "Memory beside the peer"). For the ingest job's
+    tasks (run/kafkasource.IngestTasks): nothing else runs Python in that job. A transform's job
+    keeps pandas: its Python may hold pandas UDFs, which run in the same workers. A later task of
+    the worker imports pandas as usual; pyarrow, once refused, takes pandas objects for plain
+    sequences until a conversion to pandas (``to_pandas``, where PySpark's pandas UDFs start) has
+    it import pandas again."""
+    keep_out = bool(os.environ.get(OWN_WORKERS_ENV)) and "pandas" not in sys.modules
+    if keep_out:
+        sys.meta_path.insert(0, _WITHOUT_PANDAS)
+    try:
+        yield
+    finally:
+        if keep_out and _WITHOUT_PANDAS in sys.meta_path:
+            sys.meta_path.remove(_WITHOUT_PANDAS)
+
+
+class _WithoutPandas(importlib.abc.MetaPathFinder):
+    """Refuses pandas and its modules as if they were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r} in an oncemore ingest task (run/workermemory.py)",
+                                      name=name)
+        return None
+
+
+_WITHOUT_PANDAS = _WithoutPandas()
 
 
 @cache
