@@ -99,6 +99,9 @@ with pandas_kept_out():
     print("pandas" in sys.modules)
 import pandas  # the worker's next task
 print(pa.table({"x": [1, 2]}).to_pandas()["x"].tolist())
+# to_pandas had pyarrow import pandas: it recognises pandas objects again (a nullable Int64 Series
+# failed as a plain sequence while it remembered the refusal).
+print(pa.array(pandas.Series([1, None], dtype="Int64")).to_pylist())
 """
 
 
@@ -119,7 +122,7 @@ def test_an_ingest_task_of_oncemore_s_own_workers_converts_arrow_without_pandas_
                              "False"]
     else:  # a worker of another session (a Connect server's) keeps pandas
         assert lines[:2] == ["imported inside", "True"]
-    assert lines[2] == "[1, 2]"
+    assert lines[2:] == ["[1, 2]", "[1, None]"]
 
 
 def test_the_workers_of_a_session_oncemore_starts_get_its_worker_environment(spark):
@@ -133,5 +136,9 @@ def test_the_workers_of_a_session_oncemore_starts_get_its_worker_environment(spa
         yield pa.record_batch([pa.array([" ".join(f"{k}={os.environ.get(k)}" for k in sorted(WORKER_ENV))])],
                               names=["env"])
 
+    import os
+
     seen = {row.env for row in spark.range(0, 2, 1, 2).mapInArrow(report, "env string").collect()}
-    assert seen == {"ARROW_DEFAULT_MEMORY_POOL=system MALLOC_ARENA_MAX=2 ONCEMORE_OWN_WORKERS=1"}
+    # Each as this process's environment sets it (the fixture's session was started from it), else oncemore's.
+    assert seen == {" ".join(f"{k}={os.environ.get(k, WORKER_ENV[k])}" for k in sorted(WORKER_ENV))}
+    assert WORKER_ENV == {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "ONCEMORE_OWN_WORKERS": "1"}

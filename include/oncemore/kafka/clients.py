@@ -147,7 +147,9 @@ def consumer_config(pipeline: Pipeline) -> dict[str, str]:
         # reader grew with the range (one process reading 1.25 M records of ~200 B peaked 227 MiB
         # above its imports, and a Python worker of a 5 M-record run at 600 MiB); at 50,000 it stayed
         # ~55 MiB above them whatever the range, read as fast; at 10,000 a replayed task of 500,000
-        # records peaked 32 MiB lower again, at the same speed (docs/performance.md, "Beside the peer").
+        # records peaked 32 MiB lower again, at the same speed, and a 1 M-record run's tree ~50 (measured
+        # on a local broker: over a slow network, kafka_options may raise it; docs/performance.md,
+        # "Memory beside the peer").
         "queued.min.messages": "10000",
         # Throughput: a full queue pauses fetching for this long (librdkafka's default, 1 s, halved
         # the rate on 2 cores: PLATFORM.md).

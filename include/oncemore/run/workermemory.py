@@ -67,11 +67,16 @@ def pandas_kept_out() -> Iterator[None]:
     pandas took 44 MiB of each task worker, a third of its imports (a replayed task's imports: 122
     MiB with it, 78 without; docs/performance.md, "Memory beside the peer"). For the ingest job's
     tasks (run/kafkasource.IngestTasks): nothing else runs Python in that job. A transform's job
-    keeps pandas: its Python may hold pandas UDFs, which run in the same workers. A later task of
-    the worker imports pandas as usual; pyarrow, once refused, takes pandas objects for plain
-    sequences until a conversion to pandas (``to_pandas``, where PySpark's pandas UDFs start) has
-    it import pandas again."""
-    keep_out = bool(os.environ.get(OWN_WORKERS_ENV)) and "pandas" not in sys.modules
+    keeps pandas: its Python may hold pandas UDFs, which run in the same workers.
+
+    A later task of the worker imports pandas as usual, but pyarrow, once refused, remembers: until
+    a conversion to pandas (``to_pandas``) has it import pandas again, it takes a pandas object
+    given to ``pa.array``/``from_pandas`` for a plain sequence (NaN stays NaN, a categorical becomes
+    its values, a nullable ``Int64`` Series fails). PySpark's pandas UDFs convert their input with
+    ``to_pandas`` first, and ``oncemore run`` runs one pipeline per session (a pipeline with a
+    transform never runs this job), so no oncemore run meets it; a process that keeps one session
+    for other jobs after an ingest (an embedding application) can, and can unset the variable."""
+    keep_out = os.environ.get(OWN_WORKERS_ENV) == "1" and "pandas" not in sys.modules
     if keep_out:
         sys.meta_path.insert(0, _WITHOUT_PANDAS)
     try:

@@ -29,7 +29,7 @@ from oncemore.write.filestats import FileStats
 # Rows buffered per Parquet row group: far fewer, larger row groups than one per Arrow batch
 # (PLATFORM.md: 37 MB vs 24 MB for the same data), and never more than ROW_GROUP_BYTES in memory.
 # 50,000, not 100,000: a replayed task of 500,000 records peaked 23 MiB lower, as fast, and a 1 M-record
-# run's task workers ~30 MiB lower each (docs/performance.md, "Memory beside the peer").
+# run's tree ~30 MiB lower (docs/performance.md, "Memory beside the peer").
 ROW_GROUP_ROWS = 50_000
 ROW_GROUP_BYTES = 128 << 20
 # A task rolls to a new file past either bound.
@@ -97,7 +97,7 @@ def dictionary_columns(rows: pa.Table) -> list[str]:
     """The Parquet columns (leaf paths) of a file starting with ``rows`` to dictionary-encode: every
     column but a top-level one whose first DICTIONARY_SAMPLE_ROWS values are nearly all distinct
     (9 in 10). Arrow's writer dictionary-encodes every column until its dictionary passes 1 MiB,
-    so a row group of 100,000 distinct offsets, timestamps or ids was hashed into a dictionary as
+    so a row group of distinct offsets, timestamps or ids was hashed into a dictionary as
     large as the values (Spark's Parquet writer gives up on a dictionary that does not pay; Arrow's
     does not). A column of 10,000 names in 100,000 rows is 63 % distinct in its first 10,000 and
     half the size with a dictionary: it keeps it. Measured on 100,000 flat JSON records: 235 ns a
