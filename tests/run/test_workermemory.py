@@ -1,6 +1,10 @@
-"""A task runs with Python's cyclic collector paused and leaves its worker with it on (run/workermemory.py)."""
+"""A task runs with Python's cyclic collector paused and leaves its worker with it on, and an ingest
+task of a session oncemore started runs without pandas (run/workermemory.py)."""
 
 import gc
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -107,10 +111,6 @@ print(pa.array(pandas.Series([1, None], dtype="Int64")).to_pylist())
 
 @pytest.mark.parametrize("own", [True, False])
 def test_an_ingest_task_of_oncemore_s_own_workers_converts_arrow_without_pandas_and_leaves_it_importable(own):
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != workermemory.OWN_WORKERS_ENV}
     if own:
         env[workermemory.OWN_WORKERS_ENV] = "1"
@@ -128,15 +128,11 @@ def test_an_ingest_task_of_oncemore_s_own_workers_converts_arrow_without_pandas_
 def test_the_workers_of_a_session_oncemore_starts_get_its_worker_environment(spark):
     from oncemore.run.session import WORKER_ENV
 
-    def report(batches):
-        import os
-
+    def report(batches):  # in a worker: its environment
         for _ in batches:
             pass
         yield pa.record_batch([pa.array([" ".join(f"{k}={os.environ.get(k)}" for k in sorted(WORKER_ENV))])],
                               names=["env"])
-
-    import os
 
     seen = {row.env for row in spark.range(0, 2, 1, 2).mapInArrow(report, "env string").collect()}
     # Each as this process's environment sets it (the fixture's session was started from it), else oncemore's.
