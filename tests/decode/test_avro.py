@@ -7,20 +7,24 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
 import uuid
+from dataclasses import asdict, replace
 from decimal import Decimal
 
 import fastavro
 import pyarrow as pa
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from conftest import decode_in_child, duckdb_connection
+from conftest import ROOT, decode_in_child, duckdb_connection
 from devtools.schemaregistry import start_registry
 from oncemore.commit.inputs import AheadRecord
 from oncemore.commit.tables import ensure_table
@@ -31,8 +35,8 @@ from oncemore.decode.avro.merge import merge_schemas
 from oncemore.decode.avro.schemas import AvroSchema
 from oncemore.decode.decoder import SchemaAhead
 from oncemore.decode.recordspec import FormatSpec, RecordSpec
-from oncemore.decode.registry import Registry, RegistryError
-from oncemore.decode.rows import RecordDecoder
+from oncemore.decode.registry import Registry, RegistryError, RegistrySchema
+from oncemore.decode.rows import RecordDecoder, format_decoder
 from oncemore.kafka.batches import READ_SCHEMA
 from oncemore.run.tasks import _RangeDecoding
 from oncemore.run.taskspec import TaskSpec
@@ -236,9 +240,31 @@ def test_records_that_cannot_be_decoded_are_errors_with_reasons(registry, elsewh
 def test_an_unreachable_registry_fails_the_batch_instead_of_quarantining(registry):
     values = produce(serializer(registry, V1), "dead", [{"id": 1, "profile": {"name": "x"}}])
     dead = Registry({"url": "http://127.0.0.1:9", "max.retries": 0})
-    decoder = AvroDecoder(dead, Schema(json.dumps(V1), "AVRO"))
+    decoder = AvroDecoder(dead, RegistrySchema(json.dumps(V1)))
     with pytest.raises(RegistryError, match=r"schema registry http://127.0.0.1:9: schema ID \d+: ConnectError"):
         decoder.decode(pa.array(values, pa.binary()))
+
+
+def test_records_of_the_readers_own_id_are_read_without_the_registry_or_its_client(registry):
+    """A worker's reader schema comes with the ID it is registered under: records of that ID need no
+    request, so a worker reading only those never loads the registry client (23 MiB a process)."""
+    values = produce(serializer(registry, V1), "own-id", [{"id": 3, "profile": {"name": "o"}}])
+    latest = Registry(registry.settings()).latest("own-id-value")
+    spec = FormatSpec("avro", registered=latest.schema.to_dict(), registered_id=latest.id)
+    dead = {"url": "http://127.0.0.1:9", "max.retries": 0}
+    child = ("import json, sys; import pyarrow as pa\n"
+             "from oncemore.decode.recordspec import FormatSpec\n"
+             "from oncemore.decode.rows import format_decoder\n"
+             "spec, dead, value = json.loads(sys.argv[1])\n"
+             "decoded = format_decoder(FormatSpec(**spec), dead).decode(pa.array([bytes.fromhex(value)], pa.binary()))\n"
+             "print(json.dumps([decoded.table.to_pylist(), decoded.errors,\n"
+             "                  sorted(m for m in sys.modules if m.startswith('confluent_kafka.schema_registry'))]))\n")
+    run = subprocess.run([sys.executable, "-c", child, json.dumps([asdict(spec), dead, values[0].hex()])],
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "include")}, capture_output=True, text=True, check=True)
+    assert json.loads(run.stdout) == [[{"id": 3, "profile": {"name": "o"}}], {}, []]
+    # Without the ID, the same record's writer is asked for: here of a registry that is down.
+    with pytest.raises(RegistryError, match=rf"schema ID {latest.id}: ConnectError"):
+        format_decoder(replace(spec, registered_id=None), dead).decode(pa.array(values, pa.binary()))
 
 
 def test_a_registry_that_never_answers_times_out_instead_of_stalling_the_run():
@@ -320,7 +346,7 @@ def test_the_merge_of_the_reader_and_a_writer_ahead_of_it_reads_records_of_both(
     # One standalone schema: each named type defined once, where it first occurs, then named.
     assert merged.count('"name": "crm.Contact"') == 1
     assert compare_schemas(older, AvroSchema(merged)) == ([], []) == compare_schemas(latest, AvroSchema(merged))
-    decoder = AvroDecoder(registry_client, Schema(merged, "AVRO"))
+    decoder = AvroDecoder(registry_client, RegistrySchema(merged))
     decoded = decoder.decode(pa.array(written + read, pa.binary()))
     assert decoded.errors == {}
     assert decoded.table.to_pylist() == [
@@ -409,9 +435,9 @@ class _Registry:
     url = "in-memory"
 
     def __init__(self, schemas: dict):
-        self.schemas = {i: Schema(json.dumps(s), "AVRO") for i, s in schemas.items()}
+        self.schemas = {i: RegistrySchema(json.dumps(s)) for i, s in schemas.items()}
 
-    def schema(self, schema_id: int, fmt=None) -> Schema:
+    def schema(self, schema_id: int, fmt=None) -> RegistrySchema:
         return self.schemas[schema_id]
 
 

@@ -30,7 +30,6 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from confluent_kafka.schema_registry import Schema
 from pyspark.sql.pandas.types import from_arrow_type
 
 from oncemore.core.columns import SchemaError
@@ -38,7 +37,7 @@ from oncemore.core.ddl import parse_ddl
 from oncemore.decode.avro.decoder import AvroDecoder
 from oncemore.decode.decoder import SchemaAhead
 from oncemore.decode.json.decoder import JsonDecoder
-from oncemore.decode.registry import SchemaNotFound
+from oncemore.decode.registry import RegistrySchema, SchemaNotFound
 
 QUARANTINED, NULLS, AHEAD, REFUSED = "QUARANTINED", "NULLS", "AHEAD", "REFUSED"
 
@@ -263,10 +262,10 @@ class CorpusRegistry:
 
     url = "corpus"
 
-    def __init__(self, schemas: dict[int, Schema]):
+    def __init__(self, schemas: dict[int, RegistrySchema]):
         self.schemas = schemas
 
-    def schema(self, schema_id: int, fmt: str | None = None) -> Schema:
+    def schema(self, schema_id: int, fmt: str | None = None) -> RegistrySchema:
         if schema_id not in self.schemas:
             raise SchemaNotFound(f"no schema {schema_id}")
         return self.schemas[schema_id]
@@ -325,8 +324,8 @@ def oncemore_avro(case: AvroCase, bodies: list[bytes]) -> tuple[str | None, list
     """oncemore's type (Spark's simple string) and rows for a case: the record's columns as one
     struct (a plain type as itself), QUARANTINED for a record in errors; REFUSED for a schema the
     table cannot take, AHEAD for a writer with what the reader lacks (the run evolves the table)."""
-    writer = Schema(json.dumps(case.writer), "AVRO")
-    reader = Schema(json.dumps(case.reader), "AVRO") if case.reader is not None else writer
+    writer = RegistrySchema(json.dumps(case.writer))
+    reader = RegistrySchema(json.dumps(case.reader)) if case.reader is not None else writer
     try:
         decoder = AvroDecoder(CorpusRegistry({1: writer}), reader)
     except SchemaError:

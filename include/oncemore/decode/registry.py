@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Mapping, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
-
 from oncemore.core.errors import OncemoreError
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 from oncemore.core.redaction import REDACTED, is_harmless, redact
 
 # httpx waits forever without a timeout: a registry that accepts a connection and never answers
@@ -42,13 +43,43 @@ class SchemaNotFound(RegistryError):
     """The registry answered 404: no such schema ID, subject or version."""
 
 
+class SchemaReference(NamedTuple):
+    """A schema's reference to a subject's version, by the name the schema imports it under."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
+class RegistrySchema:
+    """A schema as the registry serves it: its text (Protobuf's a base64 FileDescriptorProto when
+    asked ``fmt="serialized"``), its type and its references. oncemore's own value rather than
+    confluent-kafka's ``Schema``, whose package loads the HTTP client and its OAuth libraries (23
+    MiB a process): a Python worker given its reader schema imports that client only to ask the
+    registry for another."""
+
+    schema_str: str
+    schema_type: str = "AVRO"
+    references: tuple[SchemaReference, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RegistrySchema":
+        """The registry's JSON form (``schema``, ``schemaType``, ``references``), as ``FormatSpec`` keeps it."""
+        return cls(data["schema"], data.get("schemaType") or "AVRO",
+                   tuple(SchemaReference(r["name"], r["subject"], int(r["version"])) for r in data.get("references") or ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema_str, "schemaType": self.schema_type,
+                "references": [r._asdict() for r in self.references]}
+
+
 class Registered(NamedTuple):
-    """One version of a subject: its global schema ID, its version number, and the schema (text,
-    type and references, as ``confluent_kafka.schema_registry.Schema``)."""
+    """One version of a subject: its global schema ID, its version number, and the schema."""
 
     id: int
     version: int
-    schema: Schema
+    schema: RegistrySchema
 
 
 _clients: dict[str, SchemaRegistryClient] = {}
@@ -70,12 +101,12 @@ class Registry:
         self._urls = [u.strip() for u in str(self.settings.get("url", "")).split(",")]
         self.url = ",".join(str(redact("registry", {"url": u})["url"]) for u in self._urls)
 
-    def schema(self, schema_id: int, fmt: str | None = None) -> Schema:
+    def schema(self, schema_id: int, fmt: str | None = None) -> RegistrySchema:
         """The schema registered under ``schema_id``; ``fmt="serialized"`` asks for Protobuf
         schemas as a base64 FileDescriptorProto. Cached for the life of the process."""
         client = self._client()
         try:
-            return client.get_schema(schema_id, fmt=fmt)
+            return RegistrySchema.from_dict(client.get_schema(schema_id, fmt=fmt).to_dict())
         except Exception as exc:
             raise self._error(exc, f"schema ID {schema_id}", schema_id=schema_id) from None
 
@@ -86,7 +117,7 @@ class Registry:
             found = client.get_version(subject, version, deleted=True, fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r} version {version}", subject=subject) from None
-        return Registered(found.schema_id, found.version, found.schema)
+        return Registered(found.schema_id, found.version, RegistrySchema.from_dict(found.schema.to_dict()))
 
     def latest(self, subject: str, fmt: str | None = None) -> Registered:
         """The subject's latest version, asked anew each time (a producer may register one during a run)."""
@@ -97,9 +128,11 @@ class Registry:
             found = client.get_version(subject, "latest", fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r}", subject=subject) from None
-        return Registered(found.schema_id, found.version, found.schema)
+        return Registered(found.schema_id, found.version, RegistrySchema.from_dict(found.schema.to_dict()))
 
     def _client(self) -> SchemaRegistryClient:
+        from confluent_kafka.schema_registry import SchemaRegistryClient  # only where the registry is asked
+
         key = json.dumps(self.settings, sort_keys=True, default=str)
         with _clients_lock:
             client = _clients.get(key)
@@ -111,6 +144,8 @@ class Registry:
             return client
 
     def _error(self, exc: Exception, what: str, **evidence: Any) -> RegistryError:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError  # loaded already: the client raised
+
         status = exc.http_status_code if isinstance(exc, SchemaRegistryError) else None
         if isinstance(exc, SchemaRegistryError):
             cause = f"HTTP {status} (error code {exc.error_code}): {exc.error_message}"

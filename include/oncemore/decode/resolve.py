@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pyarrow as pa
-from confluent_kafka.schema_registry import Schema
 
 from oncemore.config.formats import Format
 from oncemore.config.model import Pipeline
@@ -31,7 +30,7 @@ from oncemore.decode.avro.merge import merge_schemas
 from oncemore.decode.avro.schemas import AvroSchema
 from oncemore.decode.envelope import envelope_ddl
 from oncemore.decode.recordspec import FormatSpec, RecordSpec
-from oncemore.decode.registry import Registry
+from oncemore.decode.registry import Registry, RegistrySchema
 from oncemore.decode.rows import format_columns, format_decoder
 
 
@@ -83,12 +82,12 @@ def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int, tabl
     settings = key_registry if role == "key" else value_registry
     registry = Registry(settings)
     if fmt.type == "avro":
-        reader = AvroSchema.registered(registry, Schema.from_dict(dict(fmt.registered)))
+        reader = AvroSchema.registered(registry, RegistrySchema.from_dict(fmt.registered))
         writer = AvroSchema.registered(registry, registry.schema(schema_id))
-        followed = replace(fmt, registered=Schema(merge_schemas(reader, writer), "AVRO").to_dict())
+        followed = replace(fmt, registered=RegistrySchema(merge_schemas(reader, writer)).to_dict(), registered_id=None)
     else:
         followed = replace(fmt, registered=registry.schema(schema_id, fmt="serialized").to_dict(),
-                           message=format_decoder(fmt, settings).message_name)
+                           registered_id=schema_id, message=format_decoder(fmt, settings).message_name)
     if fmt.ddl:
         block = _block(role, table or pipeline.main)
         _check_declared(pipeline.name, block, f"the reader following schema ID {schema_id}", parse_ddl(fmt.ddl),
@@ -119,7 +118,8 @@ def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], sett
                           f"pipeline reads topics {', '.join(topics)}, each with a subject of its own", block=block)
     subject = fmt.subject or f"{topics[0]}-{role}"
     latest = Registry(settings).latest(subject, fmt="serialized" if fmt.type == "protobuf" else None)
-    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=latest.schema.to_dict(), message=fmt.message)
+    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=latest.schema.to_dict(), registered_id=latest.id,
+                      message=fmt.message)
     if fmt.ddl:
         _check_declared(pipeline.name, block, f"{subject} version {latest.version}", parse_ddl(fmt.ddl),
                         format_columns(replace(spec, ddl=None), settings))

@@ -207,7 +207,8 @@ def quarantine_rows(records: pa.Table, errors: list[str]) -> pa.Table:
 def format_decoder(spec: FormatSpec, registry_settings: Mapping[str, str] | None):
     """The decoder of ``spec``'s values (raw and string: None, _FormatDecoder handles bytes and
     text). Each format's module is imported only here, where that format is read: a Python worker
-    decoding JSON never imports the registry client."""
+    decoding JSON never imports the registry client, nor one decoding Avro that asks the registry
+    for no schema but its reader's (``spec.registered_id``)."""
     if spec.type == "json":
         from oncemore.decode.envelope import json_readings
         from oncemore.decode.json.decoder import JsonDecoder
@@ -216,18 +217,16 @@ def format_decoder(spec: FormatSpec, registry_settings: Mapping[str, str] | None
         return JsonDecoder(schema, json_readings(schema, spec.envelope == "debezium", spec.schemas_enable))
     if spec.type not in ("avro", "protobuf"):
         return None
-    from confluent_kafka.schema_registry import Schema
+    from oncemore.decode.registry import Registry, RegistrySchema
 
-    from oncemore.decode.registry import Registry
-
-    registered = Schema.from_dict(dict(spec.registered))
+    registered = RegistrySchema.from_dict(spec.registered)
     if spec.type == "avro":
         from oncemore.decode.avro.decoder import AvroDecoder
 
-        return AvroDecoder(Registry(registry_settings), registered, spec.refused)
+        return AvroDecoder(Registry(registry_settings), registered, spec.refused, spec.registered_id)
     from oncemore.decode.protobuf.decoder import ProtobufDecoder
 
-    return ProtobufDecoder(Registry(registry_settings), registered, spec.message, spec.refused)
+    return ProtobufDecoder(Registry(registry_settings), registered, spec.message, spec.refused, spec.registered_id)
 
 
 def format_columns(spec: FormatSpec, registry_settings: Mapping[str, str] | None) -> pa.Schema | None:

@@ -29,7 +29,6 @@ from typing import Any, Callable, Mapping
 import fastavro
 import numpy as np
 import pyarrow as pa
-from confluent_kafka.schema_registry import Schema
 from fastavro.read import SchemaResolutionError
 
 from oncemore.core.columns import SchemaError
@@ -50,7 +49,7 @@ from oncemore.decode.avro.schemas import (
 from oncemore.decode.decoder import DecodedValues, SchemaAhead
 from oncemore.decode.framing import split_frames
 from oncemore.decode.pyrows import rows_to_table
-from oncemore.decode.registry import Registry, SchemaNotFound
+from oncemore.decode.registry import Registry, RegistrySchema, SchemaNotFound
 
 __all__ = ["AvroDecoder", "avro_to_arrow"]
 
@@ -73,10 +72,13 @@ class _Writer:
 
 class AvroDecoder:
     """``ValueDecoder`` for Confluent-framed Avro, read into ``reader_schema`` (the table's);
-    ``refused``: writer schema IDs whose records are errors, with the reason."""
+    ``refused``: writer schema IDs whose records are errors, with the reason; ``reader_id``: the
+    ID ``reader_schema`` is registered under (None for a merge), whose records need no request."""
 
-    def __init__(self, registry: Registry, reader_schema: Schema, refused: Mapping[int, str] | None = None):
+    def __init__(self, registry: Registry, reader_schema: RegistrySchema, refused: Mapping[int, str] | None = None,
+                 reader_id: int | None = None):
         self.registry, self.reader_schema, self.refused = registry, reader_schema, dict(refused or {})
+        self.reader_id = reader_id
         self._reader = AvroSchema.registered(registry, reader_schema)
         self.schema = table_schema(self._reader)
         self._is_record = kind_of(self._reader.logical) == "record"
@@ -87,7 +89,7 @@ class AvroDecoder:
         self._writers: dict[int, _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return AvroDecoder, (self.registry, self.reader_schema, self.refused)
+        return AvroDecoder, (self.registry, self.reader_schema, self.refused, self.reader_id)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -137,7 +139,7 @@ class AvroDecoder:
         if schema_id in self.refused:
             return _Writer(error=self.refused[schema_id])
         try:
-            registered = self.registry.schema(schema_id)
+            registered = self.reader_schema if schema_id == self.reader_id else self.registry.schema(schema_id)
         except SchemaNotFound:
             return _Writer(error=f"schema ID {schema_id} is not in the registry {self.registry.url}")
         try:

@@ -21,11 +21,10 @@ from typing import Any
 
 import fastavro
 import pyarrow as pa
-from confluent_kafka.schema_registry import Schema
 
 from oncemore.core.columns import TIMESTAMP, SchemaError
 from oncemore.core.ddl import check_names
-from oncemore.decode.registry import Registry
+from oncemore.decode.registry import Registry, RegistrySchema
 
 # Logical types fastavro would turn into Python objects; they are read as their raw integers and
 # strings instead (see decoder.py). Decimals keep fastavro's exact Decimal.
@@ -70,7 +69,7 @@ class AvroSchema:
         self.identity = json.dumps([json.loads(t) for t in (text, *references)], sort_keys=True)
 
     @classmethod
-    def registered(cls, registry: Registry, schema: Schema) -> "AvroSchema":
+    def registered(cls, registry: Registry, schema: RegistrySchema) -> "AvroSchema":
         """A registry's schema, with the schemas its references name (depth first, once each)."""
         if (schema.schema_type or "AVRO") != "AVRO":
             raise SchemaError(f"a {schema.schema_type} schema, not Avro")

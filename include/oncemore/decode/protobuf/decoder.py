@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import pyarrow as pa
-from confluent_kafka.schema_registry import Schema
 from google.protobuf import message_factory, unknown_fields
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
@@ -52,7 +51,7 @@ from oncemore.decode.protobuf.schemas import (
     protobuf_to_arrow,
 )
 from oncemore.decode.pyrows import rows_to_table
-from oncemore.decode.registry import Registry, SchemaNotFound
+from oncemore.decode.registry import Registry, RegistrySchema, SchemaNotFound
 
 __all__ = ["ProtobufDecoder", "protobuf_to_arrow"]
 
@@ -147,12 +146,13 @@ class ProtobufDecoder:
     """``ValueDecoder`` for Confluent-framed Protobuf, read into the table's message: ``message``
     (a full name) of ``reader_schema`` (the registry's answer with ``fmt="serialized"``, e.g.
     ``registry.latest(subject, fmt="serialized").schema``), by default the file's first message;
-    ``refused``: writer schema IDs whose records are errors, with the reason."""
+    ``refused``: writer schema IDs whose records are errors, with the reason; ``reader_id``: the
+    ID ``reader_schema`` is registered under, whose records need no request."""
 
-    def __init__(self, registry: Registry, reader_schema: Schema, message: str | None = None,
-                 refused: Mapping[int, str] | None = None):
+    def __init__(self, registry: Registry, reader_schema: RegistrySchema, message: str | None = None,
+                 refused: Mapping[int, str] | None = None, reader_id: int | None = None):
         self.registry, self.reader_schema, self.message = registry, reader_schema, message
-        self.refused = dict(refused or {})
+        self.refused, self.reader_id = dict(refused or {}), reader_id
         reader_file = ProtoFile.registered(registry, reader_schema)
         if message is None:
             self._reader = reader_file.message((0,))
@@ -169,7 +169,7 @@ class ProtobufDecoder:
         self._writers: dict[tuple[int, tuple[int, ...]], _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return ProtobufDecoder, (self.registry, self.reader_schema, self.message, self.refused)
+        return ProtobufDecoder, (self.registry, self.reader_schema, self.message, self.refused, self.reader_id)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -241,7 +241,8 @@ class ProtobufDecoder:
     def _load_file(self, schema_id: int) -> ProtoFile | str:
         """The writer schema's file, or why there is none."""
         try:
-            registered = self.registry.schema(schema_id, fmt="serialized")
+            registered = (self.reader_schema if schema_id == self.reader_id
+                          else self.registry.schema(schema_id, fmt="serialized"))
         except SchemaNotFound:
             return f"schema ID {schema_id} is not in the registry {self.registry.url}"
         try:

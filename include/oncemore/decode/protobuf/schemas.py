@@ -33,14 +33,13 @@ from dataclasses import dataclass
 # them carry no reference for it, so it is copied from there.
 import confluent_kafka.schema_registry.protobuf  # noqa: F401
 import pyarrow as pa
-from confluent_kafka.schema_registry import Schema
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 
 from oncemore.core.columns import TIMESTAMP, SchemaError
 from oncemore.core.ddl import check_names
-from oncemore.decode.registry import Registry
+from oncemore.decode.registry import Registry, RegistrySchema
 
 _UNSIGNED_64 = pa.decimal128(20, 0)
 _SCALAR_ARROW = {
@@ -79,7 +78,7 @@ class ProtoFile:
     proto: descriptor_pb2.FileDescriptorProto
 
     @classmethod
-    def registered(cls, registry: Registry, schema: Schema) -> "ProtoFile":
+    def registered(cls, registry: Registry, schema: RegistrySchema) -> "ProtoFile":
         if schema.schema_type != "PROTOBUF":
             raise SchemaError(f"a {schema.schema_type or 'AVRO'} schema, not Protobuf")
         pool = descriptor_pool.DescriptorPool()
