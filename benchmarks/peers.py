@@ -18,7 +18,7 @@ connecting as clients), the median of ``repeats`` turns taken in alternation:
   (a JVM's child between its vfork and its exec shares the JVM's memory and is not counted again),
   and what the JVMs and the Python processes held at that peak; and summed PSS, each page shared by
   several processes (Spark's forked Python workers share their interpreter's and libraries') counted
-  once in all, which is what the tree takes of the machine.
+  once in all, which is what the tree takes of the machine; and both for each format's bulk runs.
 Figures, not verdicts: the ratio is oncemore's time over the peer's (its rate over the peer's for
 rates); below 1 (above, for rates) oncemore is ahead.
 """
@@ -216,6 +216,7 @@ def main() -> None:
 
         memory = {"oncemore": ((0, 0), {}), "peer": ((0, 0), {})}
         pss = {"oncemore": 0, "peer": 0}
+        by_format = {"oncemore": {}, "peer": {}}  # the peak summed RSS and PSS of each format's bulk runs
         for name, fmt in formats.items():
             sizes = {"half": n // 2, "all": n}
             for size, count in sizes.items():
@@ -235,9 +236,10 @@ def main() -> None:
             row(f"whole run of {n:,} records, {what}, fixed costs included", n / median(found["oncemore all"]),
                 n / median(found["peer all"]), "rec/s", higher_is_better=True)
             for tool in memory:
-                memory[tool] = max([memory[tool]] + [(peak, parts) for _, peak, parts in found[f"{tool} all"]],
-                                   key=lambda m: m[0][0])
-                pss[tool] = max([pss[tool]] + [peak[1] for _, peak, _ in found[f"{tool} all"]])
+                peaks = [(peak, parts) for _, peak, parts in found[f"{tool} all"]]
+                by_format[tool][what] = max(peak for peak, _ in peaks)
+                memory[tool] = max([memory[tool]] + peaks, key=lambda m: m[0][0])
+                pss[tool] = max([pss[tool]] + [peak[1] for peak, _ in peaks])
         row(f"peak memory of a bulk run ({n:,} records), process tree, summed RSS", memory["oncemore"][0][0] / 2**20,
             memory["peer"][0][0] / 2**20, "MiB")
         row(f"peak memory of a bulk run ({n:,} records), process tree, summed PSS", pss["oncemore"] / 2**20,
@@ -245,6 +247,8 @@ def main() -> None:
         for tool, (_, parts) in memory.items():
             print(f"\n{tool}'s peak: " + ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
                                                   for kind, (rss, count) in sorted(parts.items())))
+            print(f"{tool}'s peaks by format, summed RSS / PSS: " + ", ".join(
+                f"{what} {rss / 2**20:,.0f} / {pss_ / 2**20:,.0f} MiB" for what, (rss, pss_) in by_format[tool].items()))
     finally:
         if server is not None:
             server.stop()
