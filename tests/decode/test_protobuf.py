@@ -6,6 +6,7 @@ read back by DuckDB."""
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from decimal import Decimal
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from conftest import decode_in_child, duckdb_connection
 from oncemore.core.columns import SchemaError
 from oncemore.decode.protobuf.decoder import ProtobufDecoder, protobuf_to_arrow
-from oncemore.decode.registry import Registry
+from oncemore.decode.registry import Registry, RegistryError
 
 UTC = datetime.timezone.utc
 OPTIONAL, REPEATED = Field.LABEL_OPTIONAL, Field.LABEL_REPEATED
@@ -271,6 +272,18 @@ def test_decoders_pickle_for_spark_workers(registry):
     decoder = ProtobufDecoder(registry_client, registry_client.latest("pickled-proto-value", fmt="serialized").schema)
     copy = pickle.loads(pickle.dumps(decoder))
     assert copy.schema == decoder.schema == protobuf_to_arrow(message_classes()["shop.Order"].DESCRIPTOR)
+
+
+def test_records_of_the_readers_own_id_are_read_without_asking_the_registry(registry):
+    values = produce(registry, "own-id-proto", [message_classes()["shop.Order"](id=5)])
+    live = Registry(registry.settings())
+    reader = live.latest("own-id-proto-value", fmt="serialized").schema
+    dead = Registry({"url": "http://127.0.0.1:9", "max.retries": 0})
+    decoder, anonymous = ProtobufDecoder(live, reader), ProtobufDecoder(live, replace(reader, id=None))
+    decoder.registry = anonymous.registry = dead  # down once the readers (and their imports) are built
+    assert decoder.decode(pa.array(values, pa.binary())).table.column("id").to_pylist() == [5]
+    with pytest.raises(RegistryError, match=rf"schema ID {reader.id}: ConnectError"):
+        anonymous.decode(pa.array(values, pa.binary()))
 
 
 def test_a_writer_the_run_refused_makes_errors_of_its_records_instead_of_stopping_the_range(registry):

@@ -15,15 +15,14 @@ from typing import Any, Mapping
 class FormatSpec:
     """One format (a value's or a key's) as executors need it: its type, and for json the declared
     DDL and its wire wrapping (``framed``: Confluent's JSON Schema header; ``schemas_enable``: Kafka
-    Connect's JsonConverter wrapper), for avro and protobuf the reader schema (``registered``, in
-    the registry's JSON form: a registered schema, or a merge), the ID it is registered under
-    (``registered_id``: None for a merge), the message, the declared DDL that projects it, and the
-    writer schema IDs whose records are errors (``refused``: ID -> reason)."""
+    Connect's JsonConverter wrapper), for avro and protobuf the reader schema (``registered``:
+    ``RegistrySchema.to_dict()``, a registered schema with its ID, or a merge), the message, the
+    declared DDL that projects it, and the writer schema IDs whose records are errors (``refused``:
+    ID -> reason)."""
 
     type: str
     ddl: str | None = None
     registered: Mapping[str, Any] | None = None
-    registered_id: int | None = None
     message: str | None = None
     framed: bool = False
     schemas_enable: bool = False

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 from oncemore.core.errors import OncemoreError
+from oncemore.core.redaction import REDACTED, is_harmless, redact
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
-from oncemore.core.redaction import REDACTED, is_harmless, redact
 
 # httpx waits forever without a timeout: a registry that accepts a connection and never answers
 # would stall a run (and `oncemore check`). A pipeline's schema_registry.timeout overrides it.
@@ -54,24 +54,31 @@ class SchemaReference(NamedTuple):
 @dataclass(frozen=True)
 class RegistrySchema:
     """A schema as the registry serves it: its text (Protobuf's a base64 FileDescriptorProto when
-    asked ``fmt="serialized"``), its type and its references. oncemore's own value rather than
-    confluent-kafka's ``Schema``, whose package loads the HTTP client and its OAuth libraries (23
-    MiB a process): a Python worker given its reader schema imports that client only to ask the
-    registry for another."""
+    asked ``fmt="serialized"``), its type, its references, and the ID it is registered under (None
+    for one the registry never served: a merge). oncemore's own value rather than confluent-kafka's
+    ``Schema``, whose package loads the HTTP client and its OAuth libraries (23 MiB a process): a
+    Python worker given its reader schema reads that ID's records without them, and imports the
+    client only to ask the registry for another schema.
+
+    The ID is part of the value so that it can never outlive its text: a decoder takes the records
+    of ``id`` as written with this schema."""
 
     schema_str: str
     schema_type: str = "AVRO"
     references: tuple[SchemaReference, ...] = ()
+    id: int | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RegistrySchema":
-        """The registry's JSON form (``schema``, ``schemaType``, ``references``), as ``FormatSpec`` keeps it."""
+        """The registry's JSON form (``schema``, ``schemaType``, ``references``) and ``id``, as
+        ``FormatSpec`` keeps it."""
         return cls(data["schema"], data.get("schemaType") or "AVRO",
-                   tuple(SchemaReference(r["name"], r["subject"], int(r["version"])) for r in data.get("references") or ()))
+                   tuple(SchemaReference(r["name"], r["subject"], int(r["version"])) for r in data.get("references") or ()),
+                   data.get("id"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema_str, "schemaType": self.schema_type,
-                "references": [r._asdict() for r in self.references]}
+                "references": [r._asdict() for r in self.references], "id": self.id}
 
 
 class Registered(NamedTuple):
@@ -106,7 +113,7 @@ class Registry:
         schemas as a base64 FileDescriptorProto. Cached for the life of the process."""
         client = self._client()
         try:
-            return RegistrySchema.from_dict(client.get_schema(schema_id, fmt=fmt).to_dict())
+            return RegistrySchema.from_dict({**client.get_schema(schema_id, fmt=fmt).to_dict(), "id": schema_id})
         except Exception as exc:
             raise self._error(exc, f"schema ID {schema_id}", schema_id=schema_id) from None
 
@@ -117,7 +124,8 @@ class Registry:
             found = client.get_version(subject, version, deleted=True, fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r} version {version}", subject=subject) from None
-        return Registered(found.schema_id, found.version, RegistrySchema.from_dict(found.schema.to_dict()))
+        return Registered(found.schema_id, found.version,
+                          RegistrySchema.from_dict({**found.schema.to_dict(), "id": found.schema_id}))
 
     def latest(self, subject: str, fmt: str | None = None) -> Registered:
         """The subject's latest version, asked anew each time (a producer may register one during a run)."""
@@ -128,7 +136,8 @@ class Registry:
             found = client.get_version(subject, "latest", fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r}", subject=subject) from None
-        return Registered(found.schema_id, found.version, RegistrySchema.from_dict(found.schema.to_dict()))
+        return Registered(found.schema_id, found.version,
+                          RegistrySchema.from_dict({**found.schema.to_dict(), "id": found.schema_id}))
 
     def _client(self) -> SchemaRegistryClient:
         from confluent_kafka.schema_registry import SchemaRegistryClient  # only where the registry is asked
@@ -144,7 +153,7 @@ class Registry:
             return client
 
     def _error(self, exc: Exception, what: str, **evidence: Any) -> RegistryError:
-        from confluent_kafka.schema_registry.error import SchemaRegistryError  # loaded already: the client raised
+        from confluent_kafka.schema_registry.error import SchemaRegistryError  # loaded already, by _client
 
         status = exc.http_status_code if isinstance(exc, SchemaRegistryError) else None
         if isinstance(exc, SchemaRegistryError):

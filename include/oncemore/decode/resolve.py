@@ -5,7 +5,7 @@ Avro and Protobuf formats are resolved against the schema registry here: a run's
 at first the subject's latest registered version (``<topic>-value`` / ``<topic>-key`` unless
 ``subject:`` says otherwise), and a declared ``schema:`` must be a subset of it with the same types
 (its columns are then the ones kept). Each record is still read with its own writer's schema,
-fetched by ID by the executor that decodes it. A record whose writer has what the reader lacks (a
+fetched by ID by the executor that decodes it (the reader's own ID needs no request). A record whose writer has what the reader lacks (a
 newer producer, or an older one after the latest version dropped a field) stops its range; the run
 then ``follow``s that writer (Avro: the merge of reader and writer, avro/merge.py; Protobuf: the
 writer's own schema) or, when the table cannot take it, ``refuse``s it: its records become errors
@@ -84,10 +84,10 @@ def follow(pipeline: Pipeline, spec: RecordSpec, role: str, schema_id: int, tabl
     if fmt.type == "avro":
         reader = AvroSchema.registered(registry, RegistrySchema.from_dict(fmt.registered))
         writer = AvroSchema.registered(registry, registry.schema(schema_id))
-        followed = replace(fmt, registered=RegistrySchema(merge_schemas(reader, writer)).to_dict(), registered_id=None)
+        followed = replace(fmt, registered=RegistrySchema(merge_schemas(reader, writer)).to_dict())
     else:
         followed = replace(fmt, registered=registry.schema(schema_id, fmt="serialized").to_dict(),
-                           registered_id=schema_id, message=format_decoder(fmt, settings).message_name)
+                           message=format_decoder(fmt, settings).message_name)
     if fmt.ddl:
         block = _block(role, table or pipeline.main)
         _check_declared(pipeline.name, block, f"the reader following schema ID {schema_id}", parse_ddl(fmt.ddl),
@@ -118,8 +118,7 @@ def _resolve(pipeline: Pipeline, fmt: Format, role: str, topics: list[str], sett
                           f"pipeline reads topics {', '.join(topics)}, each with a subject of its own", block=block)
     subject = fmt.subject or f"{topics[0]}-{role}"
     latest = Registry(settings).latest(subject, fmt="serialized" if fmt.type == "protobuf" else None)
-    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=latest.schema.to_dict(), registered_id=latest.id,
-                      message=fmt.message)
+    spec = FormatSpec(fmt.type, ddl=fmt.ddl, registered=latest.schema.to_dict(), message=fmt.message)
     if fmt.ddl:
         _check_declared(pipeline.name, block, f"{subject} version {latest.version}", parse_ddl(fmt.ddl),
                         format_columns(replace(spec, ddl=None), settings))

@@ -207,8 +207,8 @@ def quarantine_rows(records: pa.Table, errors: list[str]) -> pa.Table:
 def format_decoder(spec: FormatSpec, registry_settings: Mapping[str, str] | None):
     """The decoder of ``spec``'s values (raw and string: None, _FormatDecoder handles bytes and
     text). Each format's module is imported only here, where that format is read: a Python worker
-    decoding JSON never imports the registry client, nor one decoding Avro that asks the registry
-    for no schema but its reader's (``spec.registered_id``)."""
+    decoding JSON never imports the registry client, nor one decoding Avro records of its reader's
+    own schema ID (``RegistrySchema.id``) when that schema has no references."""
     if spec.type == "json":
         from oncemore.decode.envelope import json_readings
         from oncemore.decode.json.decoder import JsonDecoder
@@ -223,10 +223,10 @@ def format_decoder(spec: FormatSpec, registry_settings: Mapping[str, str] | None
     if spec.type == "avro":
         from oncemore.decode.avro.decoder import AvroDecoder
 
-        return AvroDecoder(Registry(registry_settings), registered, spec.refused, spec.registered_id)
+        return AvroDecoder(Registry(registry_settings), registered, spec.refused)
     from oncemore.decode.protobuf.decoder import ProtobufDecoder
 
-    return ProtobufDecoder(Registry(registry_settings), registered, spec.message, spec.refused, spec.registered_id)
+    return ProtobufDecoder(Registry(registry_settings), registered, spec.message, spec.refused)
 
 
 def format_columns(spec: FormatSpec, registry_settings: Mapping[str, str] | None) -> pa.Schema | None:

@@ -72,13 +72,11 @@ class _Writer:
 
 class AvroDecoder:
     """``ValueDecoder`` for Confluent-framed Avro, read into ``reader_schema`` (the table's);
-    ``refused``: writer schema IDs whose records are errors, with the reason; ``reader_id``: the
-    ID ``reader_schema`` is registered under (None for a merge), whose records need no request."""
+    ``refused``: writer schema IDs whose records are errors, with the reason. Records of the
+    reader's own ID (``reader_schema.id``) are read without asking the registry."""
 
-    def __init__(self, registry: Registry, reader_schema: RegistrySchema, refused: Mapping[int, str] | None = None,
-                 reader_id: int | None = None):
+    def __init__(self, registry: Registry, reader_schema: RegistrySchema, refused: Mapping[int, str] | None = None):
         self.registry, self.reader_schema, self.refused = registry, reader_schema, dict(refused or {})
-        self.reader_id = reader_id
         self._reader = AvroSchema.registered(registry, reader_schema)
         self.schema = table_schema(self._reader)
         self._is_record = kind_of(self._reader.logical) == "record"
@@ -89,7 +87,7 @@ class AvroDecoder:
         self._writers: dict[int, _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return AvroDecoder, (self.registry, self.reader_schema, self.refused, self.reader_id)
+        return AvroDecoder, (self.registry, self.reader_schema, self.refused)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -138,8 +136,10 @@ class AvroDecoder:
     def _load_writer(self, schema_id: int) -> _Writer:
         if schema_id in self.refused:
             return _Writer(error=self.refused[schema_id])
+        if schema_id == self.reader_schema.id:  # the reader's own: no request, its references already read
+            return _Writer(self._reader.readable)
         try:
-            registered = self.reader_schema if schema_id == self.reader_id else self.registry.schema(schema_id)
+            registered = self.registry.schema(schema_id)
         except SchemaNotFound:
             return _Writer(error=f"schema ID {schema_id} is not in the registry {self.registry.url}")
         try:

@@ -146,13 +146,13 @@ class ProtobufDecoder:
     """``ValueDecoder`` for Confluent-framed Protobuf, read into the table's message: ``message``
     (a full name) of ``reader_schema`` (the registry's answer with ``fmt="serialized"``, e.g.
     ``registry.latest(subject, fmt="serialized").schema``), by default the file's first message;
-    ``refused``: writer schema IDs whose records are errors, with the reason; ``reader_id``: the
-    ID ``reader_schema`` is registered under, whose records need no request."""
+    ``refused``: writer schema IDs whose records are errors, with the reason. Records of the
+    reader's own ID (``reader_schema.id``) are read without asking the registry."""
 
     def __init__(self, registry: Registry, reader_schema: RegistrySchema, message: str | None = None,
-                 refused: Mapping[int, str] | None = None, reader_id: int | None = None):
+                 refused: Mapping[int, str] | None = None):
         self.registry, self.reader_schema, self.message = registry, reader_schema, message
-        self.refused, self.reader_id = dict(refused or {}), reader_id
+        self.refused = dict(refused or {})
         reader_file = ProtoFile.registered(registry, reader_schema)
         if message is None:
             self._reader = reader_file.message((0,))
@@ -165,11 +165,12 @@ class ProtobufDecoder:
         self.message_name = self._reader.full_name
         self._parse = message_factory.GetMessageClass(self._reader).FromString
         self._convert = _message_converter(self._reader, "")
-        self._files: dict[int, ProtoFile | str] = {}  # schema ID -> its file, or why there is none
+        # schema ID -> its file, or why there is none; the reader's own ID needs no request
+        self._files: dict[int, ProtoFile | str] = {} if reader_schema.id is None else {reader_schema.id: reader_file}
         self._writers: dict[tuple[int, tuple[int, ...]], _Writer] = {}
 
     def __reduce__(self):  # to Spark's Python workers: rebuilt there, with that process's registry client
-        return ProtobufDecoder, (self.registry, self.reader_schema, self.message, self.refused, self.reader_id)
+        return ProtobufDecoder, (self.registry, self.reader_schema, self.message, self.refused)
 
     def decode(self, values: pa.Array) -> DecodedValues:
         frames = split_frames(values)
@@ -241,8 +242,7 @@ class ProtobufDecoder:
     def _load_file(self, schema_id: int) -> ProtoFile | str:
         """The writer schema's file, or why there is none."""
         try:
-            registered = (self.reader_schema if schema_id == self.reader_id
-                          else self.registry.schema(schema_id, fmt="serialized"))
+            registered = self.registry.schema(schema_id, fmt="serialized")
         except SchemaNotFound:
             return f"schema ID {schema_id} is not in the registry {self.registry.url}"
         try:
