@@ -237,7 +237,7 @@ def main() -> None:
                 n / median(found["peer all"]), "rec/s", higher_is_better=True)
             for tool in memory:
                 peaks = [(peak, parts) for _, peak, parts in found[f"{tool} all"]]
-                by_format[tool][what] = max(peak for peak, _ in peaks)
+                by_format[tool][what] = (max(rss for (rss, _), _ in peaks), max(pss_ for (_, pss_), _ in peaks))
                 memory[tool] = max([memory[tool]] + peaks, key=lambda m: m[0][0])
                 pss[tool] = max([pss[tool]] + [peak[1] for peak, _ in peaks])
         row(f"peak memory of a bulk run ({n:,} records), process tree, summed RSS", memory["oncemore"][0][0] / 2**20,

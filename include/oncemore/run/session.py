@@ -48,12 +48,15 @@ WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", OW
 # ~50 MiB, and a young generation sized from an initial heap of 1/64 of the machine's memory, filled
 # before the first collection. A serial collector whose young generation starts at 16 MiB (and grows
 # with the heap, up to spark.driver.memory, where a job needs it) held it at ~325 MiB over a
-# 1 M-record run, against 375-410 (docs/performance.md, "Memory beside the peer").
+# 1 M-record Avro run, against 371-392 with G1 (docs/performance.md, "Memory beside the peer").
 DRIVER_JVM_MEMORY = "-XX:+UseSerialGC -XX:NewSize=16m"
-# Where the user gives the JVM options of their own: the variables every JVM reads (a second
-# collector there would stop it from starting), PySpark's spark-submit arguments, and Spark's
-# configuration directory (a spark.driver.extraJavaOptions in its spark-defaults.conf would be replaced).
-USER_JVM_ENV = (*classarchive.JAVA_OPTIONS_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR")
+# Where the user gives the JVM options of their own (a second collector would stop it from
+# starting; a spark.driver.extraJavaOptions of theirs would be replaced): the variables every JVM
+# reads, those Spark's launcher reads, and Spark's configuration directory, by variable or by
+# these files in Spark's home.
+USER_JVM_ENV = (*classarchive.JAVA_OPTIONS_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "SPARK_JAVA_OPTS",
+                "SPARK_CONF_DIR")
+USER_JVM_FILES = ("spark-defaults.conf", "spark-env.sh", "java-opts")
 
 
 def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
@@ -125,18 +128,24 @@ def log_to(log: Path) -> None:
 
 def driver_java_options() -> str | None:
     """The options of the driver JVM this process is about to start: its memory's (DRIVER_JVM_MEMORY,
-    unless the user gives the JVM options of their own: USER_JVM_ENV, a spark-defaults.conf) and
-    the class archive's (classarchive.py); None when there are none, or no JVM is started here (one
-    runs already, or spark-submit started it)."""
+    unless the user gives the JVM options of their own: ``jvm_options_are_users``) and the class
+    archive's (classarchive.py); None when there are none, or no JVM is started here (one runs
+    already, or spark-submit started it)."""
     import pyspark
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return None
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
-    users = any(os.environ.get(name) for name in USER_JVM_ENV) or Path(spark_home, "conf", "spark-defaults.conf").exists()
-    options = [None if users else DRIVER_JVM_MEMORY, classarchive.java_options(pyspark.__version__, spark_home)]
+    options = [None if jvm_options_are_users(spark_home) else DRIVER_JVM_MEMORY,
+               classarchive.java_options(pyspark.__version__, spark_home)]
     return " ".join(o for o in options if o) or None
+
+
+def jvm_options_are_users(spark_home: str) -> bool:
+    """Whether the user gives the driver JVM options of their own (USER_JVM_ENV, USER_JVM_FILES)."""
+    return (any(os.environ.get(name) for name in USER_JVM_ENV)
+            or any(Path(spark_home, "conf", name).exists() for name in USER_JVM_FILES))
 
 
 @contextmanager
