@@ -5,13 +5,14 @@ Avro and Protobuf formats are resolved against the schema registry here: a run's
 at first the subject's latest registered version (``<topic>-value`` / ``<topic>-key`` unless
 ``subject:`` says otherwise), and a declared ``schema:`` must be a subset of it with the same types
 (its columns are then the ones kept). Each record is still read with its own writer's schema,
-fetched by ID by the executor that decodes it (the reader's own ID needs no request). A record whose writer has what the reader lacks (a
-newer producer, or an older one after the latest version dropped a field) stops its range; the run
-then ``follow``s that writer (Avro: the merge of reader and writer, avro/merge.py; Protobuf: the
-writer's own schema) or, when the table cannot take it, ``refuse``s it: its records become errors
-with the reason (quarantined), so no record stops a run twice. Registry settings never travel with
-the spec: they hold secrets, and go to executors one option each (``registry.<key>``,
-``key.registry.<key>``: run/kafkasource.py), which Spark redacts where they are data source options.
+fetched by ID by the executor that decodes it (the reader's own ID, kept in its ``RegistrySchema``,
+needs no request). A record whose writer has what the reader lacks (a newer producer, or an older
+one after the latest version dropped a field) stops its range; the run then ``follow``s that
+writer (Avro: the merge of reader and writer, avro/merge.py; Protobuf: the writer's own schema)
+or, when the table cannot take it, ``refuse``s it: its records become errors with the reason
+(quarantined), so no record stops a run twice. Registry settings never travel with the spec: they
+hold secrets, and go to executors one option each (``registry.<key>``, ``key.registry.<key>``:
+run/kafkasource.py), which Spark redacts where they are data source options.
 """
 
 from __future__ import annotations
