@@ -80,6 +80,11 @@ class RegistrySchema:
         return {"schema": self.schema_str, "schemaType": self.schema_type,
                 "references": [r._asdict() for r in self.references], "id": self.id}
 
+    @classmethod
+    def served(cls, schema: Any, schema_id: int) -> "RegistrySchema":
+        """confluent-kafka's ``Schema`` as the registry served it under ``schema_id``."""
+        return cls.from_dict({**schema.to_dict(), "id": schema_id})
+
 
 class Registered(NamedTuple):
     """One version of a subject: its global schema ID, its version number, and the schema."""
@@ -113,7 +118,7 @@ class Registry:
         schemas as a base64 FileDescriptorProto. Cached for the life of the process."""
         client = self._client()
         try:
-            return RegistrySchema.from_dict({**client.get_schema(schema_id, fmt=fmt).to_dict(), "id": schema_id})
+            return RegistrySchema.served(client.get_schema(schema_id, fmt=fmt), schema_id)
         except Exception as exc:
             raise self._error(exc, f"schema ID {schema_id}", schema_id=schema_id) from None
 
@@ -124,8 +129,7 @@ class Registry:
             found = client.get_version(subject, version, deleted=True, fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r} version {version}", subject=subject) from None
-        return Registered(found.schema_id, found.version,
-                          RegistrySchema.from_dict({**found.schema.to_dict(), "id": found.schema_id}))
+        return Registered(found.schema_id, found.version, RegistrySchema.served(found.schema, found.schema_id))
 
     def latest(self, subject: str, fmt: str | None = None) -> Registered:
         """The subject's latest version, asked anew each time (a producer may register one during a run)."""
@@ -136,8 +140,7 @@ class Registry:
             found = client.get_version(subject, "latest", fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r}", subject=subject) from None
-        return Registered(found.schema_id, found.version,
-                          RegistrySchema.from_dict({**found.schema.to_dict(), "id": found.schema_id}))
+        return Registered(found.schema_id, found.version, RegistrySchema.served(found.schema, found.schema_id))
 
     def _client(self) -> SchemaRegistryClient:
         from confluent_kafka.schema_registry import SchemaRegistryClient  # only where the registry is asked
