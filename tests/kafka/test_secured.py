@@ -213,7 +213,9 @@ def test_a_misspelt_topic_gets_a_did_you_mean_among_the_topics_the_user_may_desc
     servers = cluster.broker.listeners["SASL_SSL"]
 
     def misspelt(name: str) -> str:
-        return name[:-2] + name[-1] + name[-2]  # the last two letters swapped
+        # The first two letters swapped: "s_" and "_s" always differ, where the last two of a
+        # random hex name are the same letter one time in 16 and the "typo" was the topic itself.
+        return name[1] + name[0] + name[2:]
 
     # Kafka answers a name this user may not describe with a denial, whether the topic exists or not.
     with pytest.raises(KafkaAccessDenied) as denied:
