@@ -43,6 +43,21 @@ SESSION_CONF = {
 # lower with the first two, ~60 lower again with the third (docs/performance.md, "Memory beside the peer").
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", OWN_WORKERS_ENV: "1"}
 
+# The driver JVM of a session oncemore starts plans jobs and carries their tasks' results (its Python
+# workers read, decode and write), yet Java sizes it as for any work: G1, whose own structures took
+# ~50 MiB, and a young generation sized from an initial heap of 1/64 of the machine's memory, filled
+# before the first collection. A serial collector whose young generation starts at 16 MiB (and grows
+# with the heap, up to spark.driver.memory, where a job needs it) held it at ~325 MiB over a
+# 1 M-record Avro run, against 371-392 with G1 (docs/performance.md, "Memory beside the peer").
+DRIVER_JVM_MEMORY = "-XX:+UseSerialGC -XX:NewSize=16m"
+# Where the user gives the JVM options of their own (a second collector would stop it from
+# starting; a spark.driver.extraJavaOptions of theirs would be replaced): the variables every JVM
+# reads, those Spark's launcher reads, and Spark's configuration directory, by variable or by
+# these files in Spark's home.
+USER_JVM_ENV = (*classarchive.JAVA_OPTIONS_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "SPARK_JAVA_OPTS",
+                "SPARK_CONF_DIR")
+USER_JVM_FILES = ("spark-defaults.conf", "spark-env.sh", "java-opts")
+
 
 def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
     """A session on ``remote`` (a Spark Connect URL) or on ``master``; with neither, on
@@ -112,15 +127,25 @@ def log_to(log: Path) -> None:
 
 
 def driver_java_options() -> str | None:
-    """The class archive's option (classarchive.py) for the driver JVM this process is about to
-    start; None when no JVM is started here (one runs already, or spark-submit started it)."""
+    """The options of the driver JVM this process is about to start: its memory's (DRIVER_JVM_MEMORY,
+    unless the user gives the JVM options of their own: ``jvm_options_are_users``) and the class
+    archive's (classarchive.py); None when there are none, or no JVM is started here (one runs
+    already, or spark-submit started it)."""
     import pyspark
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return None
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
-    return classarchive.java_options(pyspark.__version__, spark_home)
+    options = [None if jvm_options_are_users(spark_home) else DRIVER_JVM_MEMORY,
+               classarchive.java_options(pyspark.__version__, spark_home)]
+    return " ".join(o for o in options if o) or None
+
+
+def jvm_options_are_users(spark_home: str) -> bool:
+    """Whether the user gives the driver JVM options of their own (USER_JVM_ENV, USER_JVM_FILES)."""
+    return (any(os.environ.get(name) for name in USER_JVM_ENV)
+            or any(Path(spark_home, "conf", name).exists() for name in USER_JVM_FILES))
 
 
 @contextmanager
