@@ -76,6 +76,21 @@ def test_a_narrower_column_type_is_refused_before_anything_is_read(broker, topic
     assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_column_the_records_let_be_null_where_the_table_holds_none_is_refused_before_anything_is_read(
+        broker, topic, make_pipeline, spark, shape):
+    # An upsert judges value columns as nullable (a delete's values are NULL): this refusal is what
+    # keeps an upsert's NULL from reaching a NOT NULL column, where the MERGE would fail every rerun.
+    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "customer": None}).encode(), None)])
+    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, customer STRING"}, **SHAPES[shape])
+    strict = pa.schema([("id", pa.int64()), pa.field("customer", pa.string(), nullable=False)] + METADATA_FIELDS)
+    write_deltalake(pipeline.sink.table_uri, strict.empty_table())
+
+    with pytest.raises(SchemaChangeRefused, match="column customer is NOT NULL in the table and nullable in the records"):
+        runner.run(pipeline, spark_factory=lambda: spark)
+    assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
+
+
 @pytest.mark.parametrize("merge", ["local", "cluster"])
 def test_a_delete_applies_by_its_key_whatever_value_it_carries(broker, topic, make_pipeline, spark, merge):
     # A delete's values are never stored: a NULL element the table's column cannot hold does not quarantine it.
