@@ -51,11 +51,11 @@ WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", OW
 # 1 M-record Avro run, against 371-392 with G1 (docs/performance.md, "Memory beside the peer").
 DRIVER_JVM_MEMORY = "-XX:+UseSerialGC -XX:NewSize=16m"
 # Where the user gives the JVM options of their own (a second collector would stop it from
-# starting; a spark.driver.extraJavaOptions of theirs would be replaced): the variables every JVM
-# reads, those Spark's launcher reads, and Spark's configuration directory, by variable or by
-# these files in Spark's home.
+# starting; a spark.driver.extraJavaOptions of theirs would be replaced; a heap of theirs may be
+# too large for one collector thread): the variables every JVM reads, those Spark's launcher reads,
+# and Spark's configuration directory, by variable or by these files in Spark's home.
 USER_JVM_ENV = (*classarchive.JAVA_OPTIONS_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "SPARK_JAVA_OPTS",
-                "SPARK_CONF_DIR")
+                "SPARK_DRIVER_MEMORY", "SPARK_MEM", "SPARK_CONF_DIR")
 USER_JVM_FILES = ("spark-defaults.conf", "spark-env.sh", "java-opts")
 
 
