@@ -1,8 +1,8 @@
 """End to end: a record whose decoded value the Delta table's column cannot hold (a table another
 writer created: delta-spark makes an ARRAY of non-NULL elements or a MAP of non-NULL values of
 ``array(...)`` and ``map(...)`` expressions) goes to the quarantine table with a reason naming the
-column; the rows that fit are written. A type the table's column does not have is refused before
-anything is read (commit/evolution.py). Counted: every (partition, offset) in the table or the
+column; the rows that fit are written. A type the table's column does not have, or NULLs where it
+holds none, is refused before anything is read (commit/evolution.py). Counted: every (partition, offset) in the table or the
 quarantine exactly once."""
 
 from __future__ import annotations
@@ -64,29 +64,26 @@ def test_a_value_the_tables_column_cannot_hold_is_quarantined_naming_the_column(
     assert held.schema.field("scores").type.value_field.nullable is False, "the table keeps its schema"
 
 
+# table -> (its columns, a record, why the records' schema is refused). An upsert judges value
+# columns as nullable (a delete's values are NULL): the second refusal is what keeps an upsert's NULL
+# from reaching a NOT NULL column, where the MERGE would fail at every rerun.
+REFUSING = {"narrower": ([("id", pa.int32()), ("customer", pa.string())], {"id": 3_000_000_000},
+                         "column id: the table has int, the records have bigint"),
+            "not-null": ([("id", pa.int64()), pa.field("customer", pa.string(), nullable=False)],
+                         {"id": 1, "customer": None},
+                         "column customer is NOT NULL in the table and nullable in the records")}
+
+
+@pytest.mark.parametrize("table", REFUSING)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_narrower_column_type_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark, shape):
-    broker.produce(topic, [(0, b"1", json.dumps({"id": 3_000_000_000}).encode(), None)])
+def test_a_column_the_records_cannot_fill_is_refused_before_anything_is_read(broker, topic, make_pipeline, spark,
+                                                                             shape, table):
+    columns, record, reason = REFUSING[table]
+    broker.produce(topic, [(0, b"1", json.dumps(record).encode(), None)])
     pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, customer STRING"}, **SHAPES[shape])
-    narrower = pa.schema([("id", pa.int32()), ("customer", pa.string())] + METADATA_FIELDS)
-    write_deltalake(pipeline.sink.table_uri, narrower.empty_table())
+    write_deltalake(pipeline.sink.table_uri, pa.schema(columns + METADATA_FIELDS).empty_table())
 
-    with pytest.raises(SchemaChangeRefused, match="column id: the table has int, the records have bigint"):
-        runner.run(pipeline, spark_factory=lambda: spark)
-    assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_a_column_the_records_let_be_null_where_the_table_holds_none_is_refused_before_anything_is_read(
-        broker, topic, make_pipeline, spark, shape):
-    # An upsert judges value columns as nullable (a delete's values are NULL): this refusal is what
-    # keeps an upsert's NULL from reaching a NOT NULL column, where the MERGE would fail every rerun.
-    broker.produce(topic, [(0, b"1", json.dumps({"id": 1, "customer": None}).encode(), None)])
-    pipeline = make_pipeline(topic, format={"type": "json", "schema": "id BIGINT, customer STRING"}, **SHAPES[shape])
-    strict = pa.schema([("id", pa.int64()), pa.field("customer", pa.string(), nullable=False)] + METADATA_FIELDS)
-    write_deltalake(pipeline.sink.table_uri, strict.empty_table())
-
-    with pytest.raises(SchemaChangeRefused, match="column customer is NOT NULL in the table and nullable in the records"):
+    with pytest.raises(SchemaChangeRefused, match=reason):
         runner.run(pipeline, spark_factory=lambda: spark)
     assert DeltaTable(pipeline.sink.table_uri).version() == 0 and read_pairs(pipeline.sink.quarantine_uri) == []
 
