@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictStr, Tag
+from pydantic import Discriminator, Field, StrictStr, Tag
+
+from oncemore.config.values import ConfigModel
 
 # The suffixes of the other tables' names (catalog/registration.py names them).
 QUARANTINE_SUFFIX, TOMBSTONES_SUFFIX = "_quarantine", "_tombstones"
@@ -24,9 +26,7 @@ CatalogName = Annotated[StrictStr, Field(pattern=r"^[a-z_][a-z0-9_]{0,116}$",
                                          description="lowercase letters, digits and _ (at most 117 characters)")]
 
 
-class _Catalog(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class _Catalog(ConfigModel):
     database: CatalogName = Field(description="created when missing")
     table: CatalogName = Field(description="the main table's name; the quarantine table is <table>_quarantine, an "
                                            "upsert's tombstones table <table>_tombstones, a route's <table>_<route>")

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import Field, StrictBool, StrictStr, model_validator
 
-from oncemore.config.values import Options, key_problem
+from oncemore.config.values import ConfigModel, Options, key_problem
 from oncemore.core.columns import SchemaError
 from oncemore.core.ddl import check_json_types, parse_ddl
 
 
-class Format(BaseModel):
+class Format(ConfigModel):
     """How a record's value (``format``) or key (``key``) is decoded.
 
     json: the declared Spark DDL (``schema``), the values plain, framed by Confluent's JSON Schema
@@ -21,9 +21,6 @@ class Format(BaseModel):
     avro and protobuf: Confluent's wire format, each record's writer schema fetched by ID from
     ``schema_registry`` and the table's from the subject's latest version (a declared ``schema`` is
     then checked against it); raw: the bytes; string: UTF-8 text."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     type: Literal["json", "avro", "protobuf", "raw", "string"]
     ddl: StrictStr | None = Field(default=None, alias="schema",
                                   description="Spark DDL, e.g. 'id BIGINT, customer STRUCT<name: STRING, zip: STRING>'")

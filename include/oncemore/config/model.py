@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -32,6 +31,7 @@ from oncemore.config.routes import DataTable, Routes, check_tables
 from oncemore.config.schedule import AirflowSettings, Maintenance
 from oncemore.config.upsert import Upsert
 from oncemore.config.values import (
+    ConfigModel,
     OffsetBound,
     Options,
     Positive,
@@ -43,14 +43,10 @@ from oncemore.core.redaction import redact
 from oncemore.core.storage import same_table
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 TopicName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
 
 
-class Source(_Model):
+class Source(ConfigModel):
     """Where records come from: one topic, several, or every topic matching a pattern, of one cluster."""
 
     bootstrap_servers: StrictStr = Field(min_length=1)
@@ -112,7 +108,7 @@ class Source(_Model):
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_options}
 
 
-class Sink(_Model):
+class Sink(ConfigModel):
     """Where records go: the main table and the quarantine table for records that cannot be stored."""
 
     table_uri: StrictStr | None = Field(default=None, min_length=1,
@@ -166,12 +162,12 @@ class Sink(_Model):
         return self
 
 
-class PythonTransform(_Model):
+class PythonTransform(ConfigModel):
     python: StrictStr = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
                               description="package.module:function, taking and returning a Spark DataFrame")
 
 
-class Expectation(_Model):
+class Expectation(ConfigModel):
     """A Spark SQL predicate every row must satisfy after the transform (a NULL result fails it)."""
 
     name: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -179,7 +175,7 @@ class Expectation(_Model):
     on_fail: Literal["quarantine", "fail"] = "quarantine"
 
 
-class Limits(_Model):
+class Limits(ConfigModel):
     max_records_per_commit: Positive = 1_000_000
     # Offsets per Spark task; a larger partition range is split into sub-ranges
     # (Spark's Kafka source calls this maxRecordsPerPartition).
@@ -190,7 +186,7 @@ class Limits(_Model):
     max_bytes_per_task: Positive = 256 << 20
 
 
-class Quarantine(_Model):
+class Quarantine(ConfigModel):
     """How much of a batch may be quarantined: more fails it before its commits (commit/share.py)."""
 
     max_fraction: float = Field(default=0.5, gt=0, le=1, strict=False, description="the share of a batch's records "
@@ -198,7 +194,7 @@ class Quarantine(_Model):
     min_quarantined: StrictInt = Field(default=10, ge=1, description="fewer quarantined never fail a batch")
 
 
-class Alert(_Model):
+class Alert(ConfigModel):
     """Freshness limits: the DAG's report task fails when a run ends beyond one, naming the partition."""
 
     max_lag_records: Positive | None = Field(default=None, description="records not yet ingested, per partition")
@@ -206,10 +202,10 @@ class Alert(_Model):
                                           description="age of the oldest record not yet ingested, per partition")
 
 
-class Pipeline(_Model):
+class Pipeline(ConfigModel):
     """One pipeline file: a topic into a Delta table, exactly once."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", title="oncemore pipeline")
+    model_config = ConfigDict(title="oncemore pipeline")
 
     name: StrictStr = Field(description="lowercase letters, digits and _, starting with a letter; in the pipelines "
                                           "directory, the file's name")

@@ -19,11 +19,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from oncemore.config.catalog import route_name_problem
 from oncemore.config.formats import Format
-from oncemore.config.values import key_problem
+from oncemore.config.values import ConfigModel, key_problem
 from oncemore.core.columns import MAIN_TAG, ROUTE_TAG_PREFIX
 from oncemore.core.storage import same_table, table_key
 
@@ -63,22 +63,16 @@ class RouteBy:
         return f"headers['{self.name}']" if self.kind == "header" else "key"
 
 
-class RouteTable(BaseModel):
+class RouteTable(ConfigModel):
     """One route: the table its records land in, and how they are decoded."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     table_uri: StrictStr = Field(min_length=1)
     format: Format
     partition_by: tuple[StrictStr, ...] = Field(default=(), description="columns of this route's table")
 
 
-class Routes(BaseModel):
+class Routes(ConfigModel):
     """``by``: what names a record's route; ``tables``: its table by that value; ``unrouted``: what
     becomes of a record no route takes (its ``by`` value is missing, null, or names no route)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     by: StrictStr = Field(description="value.<field> (a JSON value's field), headers['<name>'] or key: read from "
                                       "the record before it is decoded")
     tables: dict[StrictStr, RouteTable] = Field(min_length=1, description="by the value of `by` (text): the route's "

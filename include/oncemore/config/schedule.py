@@ -8,16 +8,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from oncemore.config.values import Cron, Positive, key_problem, parse_timestamp_ms
-
-
-class _Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+from oncemore.config.values import ConfigModel, Cron, Positive, key_problem, parse_timestamp_ms
 
 
-class AirflowSettings(_Settings):
+class AirflowSettings(ConfigModel):
     """How the pipeline's DAG runs (a pipeline without this block has no DAG: CLI only). Runs cover
     data intervals of ``schedule``."""
 
@@ -71,7 +67,7 @@ class AirflowSettings(_Settings):
 VACUUM_RETENTION_FLOOR_HOURS = 24
 
 
-class Maintenance(_Settings):
+class Maintenance(ConfigModel):
     """Table upkeep (``oncemore maintain``), run by the pipeline's maintenance DAG on ``schedule``:
     compaction of small files, a checkpoint, and vacuum of files no version within the retention
     still needs; and, on ``verify``'s schedule, the audit of the tables (``oncemore verify``)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import Field, StrictStr, model_validator
 
-from oncemore.config.values import Positive, key_problem
+from oncemore.config.values import ConfigModel, Positive, key_problem
 from oncemore.core.columns import key_type_ok
 
 if TYPE_CHECKING:
@@ -35,9 +35,7 @@ NOT_AN_ORDER = {
 }
 
 
-class Upsert(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Upsert(ConfigModel):
     """Change events applied by key (commit/merge.py): the table holds each key's latest row.
 
     ``envelope: debezium``: the value is Debezium's envelope and ``format`` describes its row

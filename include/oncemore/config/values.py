@@ -1,6 +1,6 @@
 """The values a pipeline file states, each parsed and checked where the file loads: offset bounds
-(``earliest``, ``latest``, a timestamp, offsets per partition), cron schedules, option maps, and
-the one error type of a pipeline configuration.
+(``earliest``, ``latest``, a timestamp, offsets per partition), cron schedules, option maps; the
+one error type of a pipeline configuration, and the one base of the models of its parts.
 
 Invariant: a problem names the key and never the value (a value may be a substituted secret).
 """
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, Iterable, Mapping
 
-from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, StrictInt, StrictStr, WithJsonSchema
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StrictInt, StrictStr,
+                      WithJsonSchema)
 from pydantic_core import PydanticCustomError
 
 from oncemore.core.coordinates import KafkaPartition
@@ -27,6 +28,13 @@ class ConfigError(ValueError):
         self.problems = [(key, problem), *more]
         self.summary = "; ".join(f"{k}: {p}" if k else p for k, p in self.problems)  # the message without the file
         super().__init__(f"{source}: {self.summary}")
+
+
+class ConfigModel(BaseModel):
+    """A part of a pipeline file: unchanged once loaded (a run's steps share one), and a key it does
+    not know is an error, never ignored (a misspelt key would silently take its default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 @dataclass(frozen=True)
