@@ -57,11 +57,11 @@ def test_the_client_side_caches_by_id_asks_latest_anew_and_pickles(client, regis
     client.register_schema(subject, Schema(POINT, "AVRO"))
     registry_client = Registry(registry.settings())
     first = registry_client.latest(subject)
-    assert first.version == 1 and registry_client.schema(first.id).schema_str == POINT
+    assert first.version == 1 and registry_client.schema(first.schema.id).schema_str == POINT
     client.register_schema(subject, Schema(POINT_V2, "AVRO"))
     assert registry_client.latest(subject).version == 2  # no stale cache of "latest"
     copy = pickle.loads(pickle.dumps(registry_client))  # how it reaches Spark's workers
-    assert copy.latest(subject).id == registry_client.latest(subject).id
+    assert copy.latest(subject).schema.id == registry_client.latest(subject).schema.id
     assert registry_client.version(subject, 1).schema.schema_str == POINT
     with pytest.raises(SchemaNotFound) as missing:
         registry_client.schema(4242)
@@ -77,7 +77,7 @@ def test_schemas_by_id_are_kept_for_the_process_and_latest_is_asked_each_time():
         with SchemaRegistryClient(own.settings()) as connected:
             schema_id = connected.register_schema("kept-value", Schema(POINT, "AVRO"))
         assert Registry(settings).schema(schema_id).schema_str == POINT
-        assert Registry(settings).latest("kept-value").id == schema_id
+        assert Registry(settings).latest("kept-value").schema.id == schema_id
     finally:
         own.stop()
     # The registry is gone. Another Registry of the same settings (a task's unpickled copy) still

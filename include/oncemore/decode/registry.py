@@ -87,9 +87,8 @@ class RegistrySchema:
 
 
 class Registered(NamedTuple):
-    """One version of a subject: its global schema ID, its version number, and the schema."""
+    """One version of a subject: its version number, and the schema (with its global ID)."""
 
-    id: int
     version: int
     schema: RegistrySchema
 
@@ -129,7 +128,7 @@ class Registry:
             found = client.get_version(subject, version, deleted=True, fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r} version {version}", subject=subject) from None
-        return Registered(found.schema_id, found.version, RegistrySchema.served(found.schema, found.schema_id))
+        return Registered(found.version, RegistrySchema.served(found.schema, found.schema_id))
 
     def latest(self, subject: str, fmt: str | None = None) -> Registered:
         """The subject's latest version, asked anew each time (a producer may register one during a run)."""
@@ -140,7 +139,7 @@ class Registry:
             found = client.get_version(subject, "latest", fmt=fmt)
         except Exception as exc:
             raise self._error(exc, f"subject {subject!r}", subject=subject) from None
-        return Registered(found.schema_id, found.version, RegistrySchema.served(found.schema, found.schema_id))
+        return Registered(found.version, RegistrySchema.served(found.schema, found.schema_id))
 
     def _client(self) -> SchemaRegistryClient:
         from confluent_kafka.schema_registry import SchemaRegistryClient  # only where the registry is asked
