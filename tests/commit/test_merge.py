@@ -24,7 +24,8 @@ from deltalake.transaction import AddAction, RemoveAction
 from oncemore.commit import merge as merge_module
 from oncemore.commit import removable
 from oncemore.commit.copyonwrite import ClusterRewrite, RemoveMissed, RewriteMiscount, ScanMiscount
-from oncemore.commit.merge import UpsertSpec, apply, reduce_changes
+from oncemore.commit.inputs import UpsertSpec
+from oncemore.commit.merge import apply, reduce_changes
 from oncemore.commit.removable import DELTA_RS_PATH_SAFE, UnremovableFile
 from oncemore.core.columns import CHANGE_COLUMN, METADATA_FIELDS, SEQUENCE_FIELD, tombstones_schema
 from oncemore.core.coordinates import KafkaPartition

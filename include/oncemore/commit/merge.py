@@ -50,6 +50,7 @@ from deltalake import DeltaTable
 from oncemore.commit.committer import CommitOutcome, held, merge
 from oncemore.commit.copyonwrite import (NOTHING, UNREMOVABLE, ClusterRewrite, commit_rewrite, part_of, rewrite_part,
                                          scan_keys)
+from oncemore.commit.inputs import UpsertSpec
 from oncemore.commit.keyrows import matched, read, typed
 from oncemore.commit.placeholders import filled, key_starts, placeheld, unsent, with_stored
 from oncemore.commit.removable import WAY_OUT, UnremovableFile, holding, unremovable
@@ -82,18 +83,6 @@ class KeyInTwoPartitions(OncemoreError):
 
 class MergeMiscount(OncemoreError):
     """delta-rs's MERGE changed other rows than the classification said (after its commit landed)."""
-
-
-@dataclass(frozen=True)
-class UpsertSpec:
-    """What a part's MERGE needs of the pipeline's upsert block; travels in the part's JSON."""
-
-    keys: tuple[str, ...]  # as the table names them
-    sequenced: bool
-    tombstones_uri: str | None
-    placeholder: str | None = None  # upsert.unavailable_value_placeholder: a column value that is not sent
-    sequence_by: str | None = None  # the expression, checked against the table's record at each commit
-    merge: str = "local"  # upsert.merge: where the main MERGE runs (module docstring)
 
 
 @dataclass

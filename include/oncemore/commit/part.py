@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 from oncemore.commit.committer import CommitOutcome, commit, covered_prefix, delete_files, validate_files
 from oncemore.commit.copyonwrite import ClusterRewrite
-from oncemore.commit.inputs import CHANGES_TAG, RangeResult, RouteTable, changes_uri
-from oncemore.commit.merge import Changes, UpsertSpec, apply, describe_counts, reduce_changes
-from oncemore.commit.share import QuarantineLimit, Reason, commonest, describe_records, judge, records_read
+from oncemore.commit.inputs import CHANGES_TAG, Part, RangeResult
+from oncemore.commit.merge import Changes, apply, describe_counts, reduce_changes
+from oncemore.commit.share import Reason, commonest, describe_records, judge, records_read
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import (MAIN_TAG, OFFSET_COLUMN, PARTITION_COLUMN, QUARANTINE_SCHEMA, QUARANTINE_TAG,
                                    TOPIC_COLUMN, change_schema)
@@ -42,86 +42,11 @@ from oncemore.core.coordinates import KafkaPartition, by_text, from_text, nested
 from oncemore.core.errors import CommitConflict, InvalidDataFile, QuarantineExceeded
 from oncemore.core.stopwatch import RUN_PHASES, TASK_PHASES, Stopwatch
 from oncemore.core.storage import filesystem
-from oncemore.plan.commitinfo import CommitInfo, Gap, RoutesInForce
+from oncemore.plan.commitinfo import CommitInfo
 from oncemore.plan.ledger import Ledger
 from oncemore.write.files import DataFile
 
 log = logging.getLogger("oncemore")
-
-
-@dataclass(frozen=True)
-class Part:
-    """One part of a batch as the run planned it: what it reads from where, what it builds on, and
-    what its commits record. JSON, so it can travel to Spark's driver-side commit."""
-
-    pipeline: str
-    run_id: str
-    batch_seq: int
-    until: str
-    table_uri: str | None  # the main table (None: routes)
-    quarantine_uri: str
-    partition_by: tuple[str, ...]
-    starts: Mapping[KafkaPartition, int]  # where each partition's part begins (where the pipeline stands, or the batch start)
-    expected: Mapping[KafkaPartition, int | None]  # the main table's positions it builds on
-    quarantine_expected: Mapping[KafkaPartition, int | None]  # the quarantine table's
-    partitions: tuple[KafkaPartition, ...]  # every partition of the plan (positions are all re-stated)
-    gaps: tuple[Gap, ...]
-    topic_ids: Mapping[str, str | None]
-    cluster_id: str | None
-    log_end: Mapping[KafkaPartition, int]
-    quarantine_limit: QuarantineLimit  # the pipeline's quarantine block, and whether this run accepts more
-    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # its Spark job submitted
-    profile: Mapping[str, int] = field(default_factory=dict)  # the run's own phases, in the run's first part
-    may_filter: bool = False  # a transform may drop records; without one, every record read is a row
-    upsert: UpsertSpec | None = None  # change rows MERGEd by key (merge.py); None: an append
-    routes: tuple[RouteTable, ...] = ()  # a routed pipeline's tables (routed.py), in the pipeline's order
-    routes_before: RoutesInForce | None = None  # the routes in force when it was planned (plan/tables.py)
-    routes_in_force: RoutesInForce | None = None  # what its quarantine commit records
-    judging: str | None = None  # without routes: what its commits record as judging its records (plan/tables.py)
-
-    @property
-    def changes_uri(self) -> str:
-        """Where the tasks stage an upsert part's change rows."""
-        return changes_uri(self.quarantine_uri, self.staging_id)
-
-    @property
-    def merges_on_cluster(self) -> bool:
-        """An upsert whose MERGE is a Spark job (``upsert.merge: cluster``): the run commits it."""
-        return self.upsert is not None and self.upsert.merge == "cluster"
-
-    @property
-    def staging_id(self) -> str:
-        """The part's directory in the staging area (staging.py)."""
-        return f"{self.run_id}-{self.batch_seq}-{self.started_ms}"
-
-    def tables(self) -> dict[str, str]:
-        """Every table of the part by tag (core/columns.py), the quarantine table's included."""
-        tables = {QUARANTINE_TAG: self.quarantine_uri, **{t.tag: t.table_uri for t in self.routes}}
-        return {MAIN_TAG: self.table_uri, **tables} if self.table_uri is not None else tables
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        for name in ("starts", "expected", "quarantine_expected", "log_end"):
-            data[name] = by_text(getattr(self, name))
-        data["partitions"] = [str(p) for p in self.partitions]
-        data["routes"] = [t.to_dict() for t in self.routes]
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Part":
-        data = json.loads(text)
-        for name in ("starts", "expected", "quarantine_expected", "log_end"):
-            data[name] = from_text(data[name])
-        data["partitions"] = tuple(KafkaPartition.parse(p) for p in data["partitions"])
-        data["partition_by"] = tuple(data["partition_by"])
-        data["gaps"] = tuple(Gap(**g) for g in data["gaps"])
-        data["quarantine_limit"] = QuarantineLimit(**data["quarantine_limit"])
-        if data["upsert"] is not None:
-            data["upsert"] = UpsertSpec(**{**data["upsert"], "keys": tuple(data["upsert"]["keys"])})
-        data["routes"] = tuple(RouteTable.from_dict(t) for t in data["routes"])
-        for name in ("routes_before", "routes_in_force"):
-            data[name] = data[name] and RoutesInForce(**data[name])
-        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from oncemore.plan.tables import lagging, routes_changed, routes_in_force
 from oncemore.write.files import DataFile
 
 if TYPE_CHECKING:
-    from oncemore.commit.part import Part
+    from oncemore.commit.inputs import Part
 
 log = logging.getLogger("oncemore")
 

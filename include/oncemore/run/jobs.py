@@ -20,8 +20,8 @@ import logging
 import re
 from typing import Callable
 
-from oncemore.commit.inputs import RangeResult
-from oncemore.commit.part import Part, PartOutcome
+from oncemore.commit.inputs import Part, RangeResult
+from oncemore.commit.part import PartOutcome
 from oncemore.config.model import Pipeline
 from oncemore.core.columns import schema_text
 from oncemore.core.coordinates import OffsetRange

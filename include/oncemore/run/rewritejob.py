@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 
 from oncemore.commit.copyonwrite import ClusterRewrite
-from oncemore.commit.part import Part
+from oncemore.commit.inputs import Part
 from oncemore.core.errors import TaskFailed, root_cause
 from oncemore.run.session import slots
 from oncemore.write.keyscan import ScanResult, ScanTask, scan

@@ -31,9 +31,8 @@ from typing import Callable
 
 from oncemore.catalog.registration import register
 from oncemore.commit.groupmirror import GroupMirror
-from oncemore.commit.inputs import AheadRecord, RangeResult, RouteTable
-from oncemore.commit.merge import UpsertSpec
-from oncemore.commit.part import Part, PartOutcome, Written, commit_part
+from oncemore.commit.inputs import AheadRecord, Part, RangeResult, RouteTable, UpsertSpec
+from oncemore.commit.part import PartOutcome, Written, commit_part
 from oncemore.commit.share import QuarantineLimit
 from oncemore.config.model import Pipeline
 from oncemore.config.values import OffsetBound
