@@ -45,6 +45,7 @@ SEQUENCE_PROPERTY = "oncemore.upsert.sequence_by"
 OWN_PREFIX = "_oncemore_"
 CHANGE_COLUMN = f"{OWN_PREFIX}change"  # upsert | delete | tombstone
 INVALID_COLUMN = f"{OWN_PREFIX}invalid"  # NULL, or why the change cannot be applied
+VERDICT_PREFIX = f"{OWN_PREFIX}expect_"  # + i: the verdict of the pipeline's i-th expectation on a row
 TOMBSTONE_COLUMN = "_tombstone"  # the record's value is null
 # A change record's own key and value bytes, carried beside its decoded columns: a change that
 # cannot be applied is quarantined with them, as a record that does not decode is.

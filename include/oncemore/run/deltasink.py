@@ -17,6 +17,11 @@ cannot start: ``commit`` then leaves the tasks' messages there and the run commi
 (``commit_left``). Before committing, ``commit`` leaves a mark there: from then on a commit may have
 landed with these files, so ``abort`` (which Spark calls when a task or ``commit`` fails) deletes
 them only while the mark is absent; commit_part deletes the files it knows were never committed.
+
+Spark imports this module in every process that plans or runs the write: its planning worker on
+the driver, each writing task, the commit's worker. Only the commit (and ``abort``) imports what
+committing takes (commit/part.py: delta-rs, the MERGE), which made each of the others ~40 MiB larger
+(docs/performance.md, "A transform's run").
 """
 
 from __future__ import annotations
@@ -24,16 +29,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from oncemore.commit.committer import delete_files
-from oncemore.commit.inputs import RangeResult
-from oncemore.commit.copyonwrite import ClusterRewrite
-from oncemore.commit.part import Part, PartOutcome, Written, commit_part
+from oncemore.commit.inputs import Part, RangeResult
 from oncemore.core import hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -48,6 +50,7 @@ from oncemore.core.columns import (
     TIMESTAMP,
     TIMESTAMP_COLUMN,
     TOPIC_COLUMN,
+    VERDICT_PREFIX,
     change_schema,
     schema_from_text,
 )
@@ -55,9 +58,12 @@ from oncemore.core.coordinates import KafkaPartition
 from oncemore.core.errors import OncemoreError, error_to_json
 from oncemore.core.stopwatch import Stopwatch
 from oncemore.run.staging import Staging
-from oncemore.shape.transform import VERDICT_PREFIX
 from oncemore.write.files import DataFile, TableWriter
 from oncemore.write.fit import conform, unstorable_rows
+
+if TYPE_CHECKING:
+    from oncemore.commit.copyonwrite import ClusterRewrite
+    from oncemore.commit.part import PartOutcome, Written
 
 NAME = "oncemore_delta"
 COMMIT_BEGUN = "commit-begun"
@@ -176,6 +182,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         return Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
 
     def commit(self, messages: list[WrittenFiles | None]) -> None:
+        from oncemore.commit.part import commit_part
+
         staging = self._staging()
         if self.part.merges_on_cluster:
             # Its MERGE is a Spark job, which only the run can start: the run commits (commit_left).
@@ -191,6 +199,8 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         staging.put("outcome", outcome.to_json())
 
     def abort(self, messages: list[WrittenFiles | None]) -> None:
+        from oncemore.commit.committer import delete_files
+
         if self._staging().get(COMMIT_BEGUN):
             return  # a commit may have landed with these files; vacuum removes the ones none did
         files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
@@ -314,12 +324,16 @@ def commit_left(part: Part, staging: Staging, table_schema: pa.Schema, storage: 
                 cluster: ClusterRewrite) -> PartOutcome:
     """The part's commits, made by the run once the sink's ``commit`` left them to it (an upsert
     whose MERGE runs on the ``cluster``): what the sink would have committed, from the staging area."""
+    from oncemore.commit.part import commit_part
+
     messages = [WrittenFiles(**m) for m in json.loads(staging.get(LEFT_TO_RUN)[0])]
     return commit_part(part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
                        _written(messages), table_schema, storage, cluster=cluster)
 
 
 def _written(messages: list[WrittenFiles | None]) -> Written:
+    from oncemore.commit.part import Written
+
     return Written(
         files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
         violations=sum((Counter(m.violations) for m in messages if m), Counter()),

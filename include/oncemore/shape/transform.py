@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from oncemore.config.model import Pipeline, PythonTransform
+from oncemore.core.columns import VERDICT_PREFIX
 from oncemore.core.errors import OncemoreError
 from oncemore.shape.changes import change_rows
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
-VERDICT_PREFIX = "_oncemore_expect_"
 # Logical plan nodes that keep or drop rows one by one (on the way from the output to the records).
 _ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "View", "Sort", "Repartition", "RepartitionByExpression",
                "RebalancePartitions", "Window", "ResolvedHint", "WithCTE", "CTERelationDef"}
