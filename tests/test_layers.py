@@ -1,7 +1,8 @@
 """The package's shape: its stages import only the stages below them (pyproject.toml's import-layers
 contract, checked by import-linter), the top level stays small, no module grows past 400 lines,
-every ``__init__.py`` is a docstring alone, the dev servers stay out of the shipped package, and a
-worker decoding JSON never imports the registry client."""
+every ``__init__.py`` is a docstring alone, the dev servers stay out of the shipped package, a
+worker decoding JSON never imports the registry client, and the processes that plan or run a
+sink's write never import delta-rs."""
 
 from __future__ import annotations
 
@@ -78,6 +79,17 @@ decoded = spec.decoder().decode(pa.table({
 assert decoded.good.column("id").to_pylist() == [7], decoded
 print(sorted(n for n in sys.modules if "schema_registry" in n or n.startswith("oncemore.decode.registry")))
 """
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "include")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_sinks_planning_and_writing_processes_never_import_delta_rs():
+    """Spark imports run/deltasink.py in its planning worker and in each writing task; only its
+    commit needs delta-rs and the MERGE (commit/part.py), ~40 MiB a process."""
+    probe = ("import sys; from oncemore.run import deltasink; "
+             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'deltalake' or n == 'oncemore.commit.part'))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "include")})
     assert done.returncode == 0, done.stderr[-2000:]
