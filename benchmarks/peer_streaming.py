@@ -5,7 +5,11 @@ spark-submit (with devtools.sparkjars' jars) or as a Spark Connect client (--rem
 and keeps the Kafka coordinates as columns, as oncemore does, so both write the same rows.
 
     spark-submit <sparkjars.submit_arguments()> peer_streaming.py --bootstrap HOST:PORT --topic T
-        --table PATH --checkpoint PATH (--ddl 'id BIGINT, ...' | --avro-schema JSON) [--remote sc://...]
+        --table PATH --checkpoint PATH (--ddl 'id BIGINT, ...' | --avro-schema JSON) [--transform SQL]
+        [--remote sc://...]
+
+``--transform`` is Spark SQL over the view ``records`` (the rows it would write otherwise), as an
+oncemore pipeline's ``transform`` reads them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ def main() -> None:
     shape = parser.add_mutually_exclusive_group(required=True)
     shape.add_argument("--ddl", help="the JSON values' schema, Spark DDL")
     shape.add_argument("--avro-schema", help="the Avro values' writer schema (Confluent's wire format)")
+    parser.add_argument("--transform", help="Spark SQL over the view records, as an oncemore pipeline's transform")
     parser.add_argument("--remote", help="a Spark Connect server instead of this process's own Spark")
     args = parser.parse_args()
     builder = SparkSession.builder.appName("peer")
@@ -42,6 +47,9 @@ def main() -> None:
                           F.col("partition").alias("_kafka_partition"), F.col("offset").alias("_kafka_offset"),
                           F.col("timestamp").alias("_kafka_timestamp")).select(
         "key", "value.*", "_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
+    if args.transform:
+        rows.createOrReplaceTempView("records")
+        rows = spark.sql(args.transform)
     query = (rows.writeStream.format("delta").option("checkpointLocation", args.checkpoint)
              .trigger(availableNow=True).start(args.table))
     query.awaitTermination()

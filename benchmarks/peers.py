@@ -14,6 +14,8 @@ connecting as clients), the median of ``repeats`` turns taken in alternation:
   into new tables, so the fixed costs of a run cancel: (all - half) / (time(all) - time(half));
   and the whole run's rate (all / time(all)), fixed costs included;
 - the rerun with nothing new;
+- a bulk run of flat JSON shaped by a transform (TRANSFORM: Spark SQL over the records, the
+  pipeline's ``transform``, the peer's query over the same view): its whole run's rate and peak memory;
 - the peak memory of the whole process tree (JVMs and Python workers) during a bulk run: summed RSS
   (a JVM's child between its vfork and its exec shares the JVM's memory and is not counted again),
   and what the JVMs and the Python processes held at that peak; and summed PSS, each page shared by
@@ -47,6 +49,8 @@ from devtools.schemaregistry import start_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
+# A transform as the pipeline docs show one: a column computed, rows filtered.
+TRANSFORM = "SELECT *, to_date(_kafka_timestamp) AS day FROM records WHERE amount > 0"
 SPARK_SUBMIT = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
 
 
@@ -60,10 +64,12 @@ class Tree(threading.Thread):
         self.start()
 
     def run(self):
-        while self.root.is_running() and self.root.status() != psutil.STATUS_ZOMBIE:
+        while True:
             parts: dict[str, list[int]] = {}
             pss = 0
             try:  # the root afresh: psutil keeps the first exe it saw (spark-submit's `env`, before the JVM it becomes)
+                if self.root.status() == psutil.STATUS_ZOMBIE:
+                    break
                 processes = [psutil.Process(self.root.pid), *self.root.children(recursive=True)]
             except psutil.Error:  # ended meanwhile
                 break
@@ -114,21 +120,25 @@ class Bench:
         self.runs += 1
         return self.work / f"{name}-{self.runs}"
 
-    def oncemore(self, topic: str, fmt: dict, table: Path, remote: str | None = None) -> list[str]:
+    def oncemore(self, topic: str, fmt: dict, table: Path, remote: str | None = None,
+                 transform: str | None = None) -> list[str]:
         config = table.with_suffix(".yaml")
         if not config.exists():
             config.write_text(yaml.safe_dump({
                 "name": "peers", "format": fmt, "key": {"type": "string"},
                 "source": {"bootstrap_servers": self.broker.bootstrap_servers, "topic": topic},
                 "sink": {"table_uri": str(table), "quarantine_uri": f"{table}_quarantine"},
-                "limits": {"max_records_per_commit": 10_000_000, "max_records_per_partition": 10_000_000}}))
+                "limits": {"max_records_per_commit": 10_000_000, "max_records_per_partition": 10_000_000},
+                **({"transform": transform} if transform else {})}))
         return [sys.executable, "-m", "oncemore.cli", "run", "--config", str(config),
                 *(["--remote", remote] if remote else [])]
 
-    def peer(self, topic: str, fmt: dict, table: Path, remote: str | None = None) -> list[str]:
+    def peer(self, topic: str, fmt: dict, table: Path, remote: str | None = None,
+             transform: str | None = None) -> list[str]:
         shape = (["--ddl", fmt["schema"]] if fmt["type"] == "json" else ["--avro-schema", json.dumps(AVRO_SCHEMA)])
         job = [str(ROOT / "benchmarks" / "peer_streaming.py"), "--bootstrap", self.broker.bootstrap_servers,
-               "--topic", topic, "--table", str(table), "--checkpoint", f"{table}_checkpoint", *shape]
+               "--topic", topic, "--table", str(table), "--checkpoint", f"{table}_checkpoint", *shape,
+               *(["--transform", transform] if transform else [])]
         if remote:
             return [sys.executable, *job, "--remote", remote]
         return [SPARK_SUBMIT, "--master", "local[2]", *sparkjars.submit_arguments({"spark.ui.enabled": "false"}), *job]
@@ -244,11 +254,25 @@ def main() -> None:
             memory["peer"][0][0] / 2**20, "MiB")
         row(f"peak memory of a bulk run ({n:,} records), process tree, summed PSS", pss["oncemore"] / 2**20,
             pss["peer"] / 2**20, "MiB")
+        shaped = turns(repeats, {tool: (lambda tool=tool: timed(getattr(bench, tool)(
+            "flat_all", FLAT, bench.fresh(f"shaped-{tool}"), transform=TRANSFORM), bench.env)) for tool in memory})
+        row(f"whole run of {n:,} records, flat JSON through a transform", n / median(shaped["oncemore"]),
+            n / median(shaped["peer"]), "rec/s", higher_is_better=True)
+        shaped_peak = {tool: max(((peak, parts) for _, peak, parts in runs), key=lambda m: m[0][0])
+                       for tool, runs in shaped.items()}
+        row(f"peak memory of a run through a transform ({n:,} records), summed RSS", shaped_peak["oncemore"][0][0] / 2**20,
+            shaped_peak["peer"][0][0] / 2**20, "MiB")
+        shaped_pss = {tool: max(peak[1] for _, peak, _ in runs) for tool, runs in shaped.items()}
+        row(f"peak memory of a run through a transform ({n:,} records), summed PSS", shaped_pss["oncemore"] / 2**20,
+            shaped_pss["peer"] / 2**20, "MiB")
         for tool, (_, parts) in memory.items():
             print(f"\n{tool}'s peak: " + ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
                                                   for kind, (rss, count) in sorted(parts.items())))
             print(f"{tool}'s peaks by format, summed RSS / PSS: " + ", ".join(
                 f"{what} {rss / 2**20:,.0f} / {pss_ / 2**20:,.0f} MiB" for what, (rss, pss_) in by_format[tool].items()))
+            print(f"{tool}'s peak through a transform: " + ", ".join(
+                f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
+                for kind, (rss, count) in sorted(shaped_peak[tool][1].items())))
     finally:
         if server is not None:
             server.stop()
