@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from oncemore.commit.committer import delete_files
-from oncemore.commit.inputs import RangeResult, RouteTable
+from oncemore.commit.inputs import Part, RangeResult, RouteTable
 from oncemore.core import crashpoints, hours
 from oncemore.core.columns import QUARANTINE_TAG
 from oncemore.core.coordinates import KafkaPartition, by_text, nested
@@ -38,13 +38,10 @@ from oncemore.plan.ledger import Ledger
 from oncemore.plan.tables import lagging, routes_changed, routes_in_force
 from oncemore.write.files import DataFile
 
-if TYPE_CHECKING:
-    from oncemore.commit.inputs import Part
-
 log = logging.getLogger("oncemore")
 
 
-def commit_routes(part: "Part", ledgers: Mapping[str, Ledger], files: Mapping[str, list[DataFile]],
+def commit_routes(part: Part, ledgers: Mapping[str, Ledger], files: Mapping[str, list[DataFile]],
                   kept: list[RangeResult], read: Mapping[KafkaPartition, tuple[int, int]], record: CommitInfo,
                   storage_options: Mapping[str, str] | None) -> tuple[str, dict[str, int], dict[str, dict[str, int]]]:
     """Commits the part's tables (module docstring); the part's status (committed when a commit

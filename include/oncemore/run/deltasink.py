@@ -19,9 +19,9 @@ landed with these files, so ``abort`` (which Spark calls when a task or ``commit
 them only while the mark is absent; commit_part deletes the files it knows were never committed.
 
 Spark imports this module in every process that plans or runs the write: its planning worker on
-the driver, each writing task, the commit's worker. Only the commit (and ``abort``) imports what
-committing takes (commit/part.py: delta-rs, the MERGE), which made each of the others ~40 MiB larger
-(docs/performance.md, "A transform's run").
+the driver, each writing task, the commit's worker. Only ``commit`` and ``abort`` import what
+committing takes (commit/part.py, commit/committer.py: delta-rs, the MERGE), which made each of the
+others ~40 MiB larger (docs/performance.md, "A transform's run").
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class DeltaSinkDataSource(DataSource):
 
 
 class DeltaSinkWriter(DataSourceArrowWriter):
-    """Options: ``part`` (commit.part.Part JSON), ``tableSchema`` (Arrow IPC, base64),
+    """Options: ``part`` (commit.inputs.Part JSON), ``tableSchema`` (Arrow IPC, base64),
     ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``keepRows``
     (false: the rows are the records, read only for the quarantine, none kept), ``floors``
     ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
@@ -182,13 +182,13 @@ class DeltaSinkWriter(DataSourceArrowWriter):
         return Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
 
     def commit(self, messages: list[WrittenFiles | None]) -> None:
-        from oncemore.commit.part import commit_part
-
         staging = self._staging()
         if self.part.merges_on_cluster:
             # Its MERGE is a Spark job, which only the run can start: the run commits (commit_left).
             staging.put(LEFT_TO_RUN, json.dumps([m.__dict__ for m in messages if m]))
             return
+        from oncemore.commit.part import commit_part
+
         staging.put(COMMIT_BEGUN, "{}")
         try:
             outcome = commit_part(self.part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
