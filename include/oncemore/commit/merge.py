@@ -369,4 +369,4 @@ def _main_clauses(merger):
             .when_not_matched_insert_all(predicate=f"s.{CHANGE_COLUMN} = 'upsert'", except_cols=[CHANGE_COLUMN]))
 
 
-__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "UpsertSpec", "apply", "describe_counts", "reduce_changes"]
+__all__ = ["COUNTS", "KeyInTwoPartitions", "MergeMiscount", "apply", "describe_counts", "reduce_changes"]
