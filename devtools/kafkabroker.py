@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -124,6 +124,7 @@ class DevBroker:
         self.log_path = log_path  # the local broker's log file, when it writes one
         self.temporary_dir = temporary_dir  # data of a broker started without a data_dir, removed by stop()
         self._admin: AdminClient | None = None
+        self._deleted: set[str] = set()  # topics deleted here whose name has not been created again
 
     def _client_config(self) -> dict:
         # Through Python logging: a handle outliving the broker must not print after a test run.
@@ -165,11 +166,26 @@ class DevBroker:
             self.admin().list_topics(topic, timeout=10)
 
     def create_topic(self, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
-        self._wait(self.admin().create_topics([NewTopic(topic, partitions, 1, config=config or {})]))
+        """Creates ``topic``, its partitions led on return. A topic this broker deleted may still be
+        on its way out: Kafka acknowledges a deletion before it completes, and a topic of the same
+        name created meanwhile is refused (TOPIC_ALREADY_EXISTS, 0.5 s after the deletion under a
+        test suite's load), so that name's creation is tried again, for at most 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._wait(self.admin().create_topics([NewTopic(topic, partitions, 1, config=config or {})]))
+                break
+            except KafkaException as exc:
+                if (topic not in self._deleted or exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.1)
+        self._deleted.discard(topic)
         self._wait_led(topic, range(partitions))
 
     def delete_topic(self, topic: str) -> None:
         self._wait(self.admin().delete_topics([topic], operation_timeout=30))
+        self._deleted.add(topic)
 
     def add_partitions(self, topic: str, total: int) -> None:
         """Grows ``topic`` to ``total`` partitions, the new ones led on return."""

@@ -5,7 +5,6 @@ reset start its other partitions where a run would have. Counted by (topic, part
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -169,7 +168,6 @@ def test_a_reset_of_one_topic_leaves_another_recreated_topic_refused(broker, mak
     pipeline = make_pipeline(None, name="pair", source={"topic": None, "topics": [a, b]})
     runner.run(pipeline, spark_factory=lambda: spark)
     broker.delete_topic(b)
-    time.sleep(0.5)
     broker.create_topic(b, 3)
     broker.produce(b, orders(0, 60))  # more than before: the old positions fit the new log
 

@@ -48,7 +48,6 @@ def test_a_recreated_topic_stops_the_run_until_a_deliberate_reset(broker, topic,
     pipeline = make_pipeline(topic)
     runner.run(pipeline, spark_factory=lambda: spark)
     broker.delete_topic(topic)
-    time.sleep(0.5)
     broker.create_topic(topic, 3)
     new = broker.produce(topic, orders(300, 600))  # more records than before: the old positions fit the new log
 
@@ -285,7 +284,6 @@ def test_a_recreated_topic_is_caught_when_the_pipelines_last_commit_is_far_back(
     for n in range(105):
         commit_positions(neighbour, keyed("elsewhere", {0: n + 1}), CommitInfo(pipeline="neighbour", run_id=f"n-{n}"))
     broker.delete_topic(topic)
-    time.sleep(0.5)
     broker.create_topic(topic, 3)
     broker.produce(topic, orders(0, 300))  # more records than the positions: they fit the new log
 

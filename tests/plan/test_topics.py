@@ -110,7 +110,6 @@ def test_one_recreated_topic_of_two_stops_the_run_naming_it_and_its_reset_leaves
     pipeline = make_pipeline(None, name="recreated", source={"topic": None, "topics": ["multi_a", "multi_b"]})
     runner.run(pipeline, spark_factory=lambda: spark)
     broker.delete_topic("multi_b")
-    time.sleep(0.5)
     broker.create_topic("multi_b", 2)
     new_b = produced_coordinates("multi_b", broker.produce("multi_b", orders(0, 40, partitions=2)))
     produced += produced_coordinates("multi_a", broker.produce("multi_a", orders(20, 10, partitions=2)))
