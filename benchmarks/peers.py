@@ -164,6 +164,12 @@ def row(what: str, ours: float, theirs: float, unit: str = "s", higher_is_better
           flush=True)
 
 
+def by_kind(parts: dict[str, tuple[int, int]]) -> str:
+    """What each kind of process held at a peak (``timed``'s RSS and count by kind), as one line."""
+    return ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
+                     for kind, (rss, count) in sorted(parts.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -266,13 +272,10 @@ def main() -> None:
         row(f"peak memory of a run through a transform ({n:,} records), summed PSS", shaped_pss["oncemore"] / 2**20,
             shaped_pss["peer"] / 2**20, "MiB")
         for tool, (_, parts) in memory.items():
-            print(f"\n{tool}'s peak: " + ", ".join(f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
-                                                  for kind, (rss, count) in sorted(parts.items())))
+            print(f"\n{tool}'s peak: {by_kind(parts)}")
             print(f"{tool}'s peaks by format, summed RSS / PSS: " + ", ".join(
                 f"{what} {rss / 2**20:,.0f} / {pss_ / 2**20:,.0f} MiB" for what, (rss, pss_) in by_format[tool].items()))
-            print(f"{tool}'s peak through a transform: " + ", ".join(
-                f"{kind} {rss / 2**20:,.0f} MiB in {count} process{'es' * (count > 1)}"
-                for kind, (rss, count) in sorted(shaped_peak[tool][1].items())))
+            print(f"{tool}'s peak through a transform: {by_kind(shaped_peak[tool][1])}")
     finally:
         if server is not None:
             server.stop()
