@@ -21,8 +21,8 @@ case's table holds the same files (hard links, one add commit).
 Per case: the run's wall time and where it went (the Spark job reading, decoding and staging the
 change rows; the commit: oncemore's reduction and classification, the tombstones MERGE, the main
 MERGE as delta-rs times it), the peak RSS of every process that does the work, sampled (the run's
-Python process, Spark's JVM, Spark's Python workers; the sink's driver-side commit, and so the
-MERGE, runs in a Python worker the JVM starts for it, not in the run's process), the files the
+Python process, which commits the part and so runs the local MERGE; Spark's JVM; Spark's Python
+workers), the files the
 MERGE removed and added (its Delta log), the events' counts from the commit record, and the rows
 after, checked: the count expected, no id twice, every id an event touched as the last event left it.
 
@@ -44,7 +44,6 @@ and broker log take ~2 GB under /tmp, removed at the end.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import logging
 import multiprocessing
@@ -69,11 +68,9 @@ from benchmarks.backfill import MemorySamples
 from devtools import kafkabroker
 from devtools.changefeed import NAMES, SOURCE
 from devtools.sparkcluster import start_spark_cluster
-from oncemore.commit.inputs import STAGING_DIR
 from oncemore.config.loading import parse_pipeline
 from oncemore.plan.commitinfo import METADATA_KEY
 from oncemore.run import runner
-from oncemore.run.deltasink import COMMIT_BEGUN, LEFT_TO_RUN
 from oncemore.run.session import spark_session
 
 MIB = 2**20
@@ -220,25 +217,14 @@ holds ``first`` rows of ids <= 0 besides (first_events)."""
 
 
 class Peaks(threading.Thread):
-    """Samples (every 0.1 s) the RSS of the run's Python process, Spark's JVM and each of its
-    Python descendants (the tasks' workers, the sink's commit) with its CPU time, until the run
-    ends; Spark's Python workers but the commit's also summed (proportional set sizes: a forked
-    worker shares its parent's pages) until the sink's commit begins (its mark in the staging
-    area, or its leaving the commits to the run: ``staging_globs``).
-    The commit runs in a worker of PySpark's ``commit_data_source_write`` module: of those, the one
-    that used the most CPU in the run."""
+    """Samples (every 0.1 s) the RSS of the run's Python process (which commits, the MERGE
+    included), Spark's JVM and its Python descendants (the tasks' workers) until the run ends; the
+    descendants also summed (proportional set sizes: a forked worker shares its parent's pages)."""
 
-    COMMIT_MODULE = "commit_data_source_write"
-
-    def __init__(self, jvm_pid: int, staging_globs: list[str]):
+    def __init__(self, jvm_pid: int):
         super().__init__(daemon=True)
-        self.jvm_pid, self.staging_globs = jvm_pid, staging_globs
-        self.running, self.commit_began = True, False
+        self.jvm_pid, self.running = jvm_pid, True
         self.driver = self.jvm = self.workers_reading = self.worker_reading = 0
-        self.names: dict[int, str] = {}
-        self.first: dict[int, tuple[int, float]] = {}  # pid -> (RSS, CPU seconds) when first seen in the run
-        self.last_cpu: dict[int, float] = {}
-        self.peak: dict[int, int] = {}
 
     def run(self):
         me = psutil.Process()
@@ -247,7 +233,6 @@ class Peaks(threading.Thread):
         except psutil.Error:
             jvm = None
         while self.running:
-            self.commit_began = self.commit_began or any(glob.glob(g) for g in self.staging_globs)
             self.driver = max(self.driver, me.memory_info().rss)
             proportional, each = 0, []
             if jvm is not None:
@@ -258,32 +243,13 @@ class Peaks(threading.Thread):
                     children = []
                 for child in children:
                     try:
-                        with child.oneshot():
-                            rss, cpu = child.memory_info().rss, sum(child.cpu_times()[:2])
-                            if child.pid not in self.names:
-                                self.names[child.pid] = " ".join(child.cmdline()[1:4])
-                            committing = self.COMMIT_MODULE in self.names[child.pid]
-                            if not self.commit_began and not committing:
-                                proportional += child.memory_full_info().pss
+                        each.append(child.memory_info().rss)
+                        proportional += child.memory_full_info().pss
                     except psutil.Error:
                         continue
-                    if not committing:
-                        each.append(rss)
-                    self.first.setdefault(child.pid, (rss, cpu))
-                    self.last_cpu[child.pid] = cpu
-                    self.peak[child.pid] = max(self.peak.get(child.pid, 0), rss)
-            if not self.commit_began:
-                self.workers_reading = max(self.workers_reading, proportional)
-                self.worker_reading = max([self.worker_reading] + each)
+            self.workers_reading = max(self.workers_reading, proportional)
+            self.worker_reading = max([self.worker_reading] + each)
             time.sleep(0.1)
-
-    def committer(self) -> tuple[int, int, int, str] | None:
-        """(pid, peak RSS, RSS when first seen in the run, command) of the process that committed."""
-        candidates = [p for p, name in self.names.items() if self.COMMIT_MODULE in name]
-        if not candidates:
-            return None
-        pid = max(candidates, key=lambda p: self.last_cpu[p] - self.first[p][1])
-        return pid, self.peak[pid], self.first[pid][0], self.names[pid]
 
     def __enter__(self):
         self.start()
@@ -404,10 +370,9 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
     main_before = latest_version(table_uri)
     tombstones_uri = pipeline.sink.tombstones_uri if pipeline.upsert.sequence_by else None
     tombstones_before = latest_version(tombstones_uri) if tombstones_uri else None
-    staging = [f"{pipeline.sink.quarantine_uri}/{STAGING_DIR}/*/{mark}.*.json" for mark in (COMMIT_BEGUN, LEFT_TO_RUN)]
     driver_hwm_before = _vm_hwm(os.getpid())
     jvm_pid = spark.sparkContext._gateway.proc.pid
-    with Peaks(jvm_pid, staging) as peaks, MemorySamples(jvm_pid, workers or []) as executors:
+    with Peaks(jvm_pid) as peaks, MemorySamples(jvm_pid, workers or []) as executors:
         started = time.perf_counter()
         report = runner.run(pipeline, spark_factory=lambda: spark)
         wall = time.perf_counter() - started
@@ -430,7 +395,7 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
     tomb_s = metric("execution_time_ms", tombs) / 1000
     print(f"  run {wall:.1f}s, {len(main)} commit(s) of the table (versions {', '.join(str(c.version) for c in main)})"
           + (f", {len(tombs)} of its tombstones table" if tombstones_uri else ""), flush=True)
-    print(f"    Spark job {seconds(profile, 'spark_job'):.1f}s (submission to the sink's commit: read + decode + the "
+    print(f"    Spark job {seconds(profile, 'spark_job'):.1f}s (submission to the part's commit: read + decode + the "
           f"change rows staged; task time read {seconds(profile, 'read'):.1f}s, decode "
           f"{seconds(profile, 'decode'):.1f}s, write {seconds(profile, 'write'):.1f}s), validate "
           f"{seconds(profile, 'validate'):.1f}s", flush=True)
@@ -465,11 +430,9 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
               f"its early filter (the files it may touch): {' | '.join(c.predicate for c in merges) or 'none'}")
           + (f"; tombstones table: {sum(c.adds for c in tombs)} file(s) added, {sum(c.removes for c in tombs)} removed"
              if tombstones_uri else ""), flush=True)
-    committer = peaks.committer()
     print(f"  peak RSS: the run's Python process {gib(peaks.driver)} (its high-water mark {gib(driver_hwm)}, "
-          f"{gib(driver_hwm_before)} before the run), Spark's JVM {gib(peaks.jvm)}; reading: Spark's other Python "
-          f"processes {gib(peaks.workers_reading)} in all (proportional), {gib(peaks.worker_reading)} the largest",
-          flush=True)
+          f"{gib(driver_hwm_before)} before the run), Spark's JVM {gib(peaks.jvm)}; Spark's Python processes "
+          f"{gib(peaks.workers_reading)} in all (proportional), {gib(peaks.worker_reading)} the largest", flush=True)
     for (worker, executor, pid) in sorted(executors.executors):
         jvm, python_sum, python_max = executors.executor_peaks((worker, executor, pid))
         print(f"  executor {executor} on worker {worker} (pid {pid}): JVM {gib(jvm)}, its Python workers {gib(python_sum)} "
@@ -477,20 +440,14 @@ def measure(case: str, pipeline, spark, events: Events, workers: list[int] | Non
     if pipeline.upsert.merge == "cluster":
         print("  the commit (the copy-on-write's classification, location and commit) ran in the run's process; the "
               "key scan and the rewrite in the executors' Python workers", flush=True)
-    elif committer is None:
-        print(f"  the sink's commit: no Python worker of {Peaks.COMMIT_MODULE} was seen (no figure)", flush=True)
     else:
-        pid, peak, first, command = committer
-        print(f"  the sink's commit (the MERGE) ran in a Python worker the JVM started ({command}, pid {pid}): peak RSS "
-              f"{gib(peak)} ({gib(first)} when first seen in this run)", flush=True)
+        print("  the commit (the MERGE) ran in the run's process", flush=True)
     verify(table_uri, events)
     executor_peak = max((executors.executor_peaks(k)[0] for k in executors.executors), default=0)
     worker_peak = max((executors.executor_peaks(k)[2] for k in executors.executors), default=0)
     return {"run": f"{wall:.1f}s", "Spark job": f"{seconds(profile, 'spark_job'):.1f}s",
             "commit": f"{seconds(profile, 'commit'):.1f}s", "MERGE": "-" if cluster_merge else f"{merge_s:.1f}s",
-            "commit process": gib(peaks.driver if pipeline.upsert.merge == "cluster" else committer[1]) if (
-                committer or pipeline.upsert.merge == "cluster") else "?", "JVM": gib(peaks.jvm),
-            "run's process": gib(peaks.driver),
+            "run's process (commits)": gib(peaks.driver), "JVM": gib(peaks.jvm),
             **({"executor JVM": gib(executor_peak), "executor Python": gib(worker_peak)} if workers else {}),
             "files rewritten": f"{removed} of {files_before} ({gib(sum(c.remove_bytes for c in merges))}), {added} added"}
 

@@ -85,9 +85,10 @@ print(sorted(n for n in sys.modules if "schema_registry" in n or n.startswith("o
     assert done.stdout.strip() == "[]"
 
 
-def test_the_sinks_planning_and_writing_processes_never_import_delta_rs():
-    """Spark imports run/deltasink.py in its planning worker and in each writing task; only its
-    commit needs delta-rs and the MERGE (commit/part.py), ~40 MiB a process."""
+def test_the_sinks_writing_tasks_never_import_delta_rs():
+    """Spark imports run/deltasink.py in each writing task (its function's pickle names it); the
+    commit, which needs delta-rs and the MERGE (commit/part.py, ~40 MiB a process), runs in the
+    run's own process."""
     probe = ("import sys; from oncemore.run import deltasink; "
              "print(sorted(n for n in sys.modules if n.split('.')[0] == 'deltalake' or n == 'oncemore.commit.part'))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,

@@ -10,8 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +18,6 @@ import pytest
 from conftest import assert_exactly_once, held_positions, orders, read_pairs
 from oncemore.core.errors import TaskFailed
 from oncemore.run import jobs, runner
-from oncemore.run.jobs import PartLost
 
 pytestmark = pytest.mark.spark
 
@@ -99,8 +96,8 @@ def test_the_clients_debug_log_shows_no_credential_of_a_merge_on_the_cluster(
     assert "SPARK_CONNECT_LOG_LEVEL=debug" in done.stderr  # the cap is said
 
 
-def test_a_transform_commits_on_the_servers_driver_and_the_report_comes_back(broker, topic, make_pipeline,
-                                                                            connect_session):
+def test_a_transform_runs_on_the_server_and_its_part_commits_in_the_client(broker, topic, make_pipeline,
+                                                                             connect_session):
     produced = broker.produce(topic, malformed_every(orders(0, 900), 5))
     pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 3 <> 0")
     session = connect_session()
@@ -151,80 +148,6 @@ def test_a_server_restarted_between_runs_and_one_dying_mid_run_leave_every_rerun
     runner.run(pipeline, spark_factory=lambda: rerun)
     assert_exactly_once(read_pairs(pipeline.sink.table_uri), produced)
     assert held_positions(pipeline.sink.table_uri, pipeline.name, topic) == {0: 1_000, 1: 1_000, 2: 1_000}
-
-
-def test_a_server_killed_during_the_sink_commit_leaves_the_rerun_on_the_restarted_server_exact(
-        broker, topic, make_pipeline, monkeypatch, tmp_path):
-    from devtools import sparkconnect
-    from oncemore.run.session import spark_session, stop_session
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    produced = broker.produce(topic, malformed_every(orders(0, 900), 5))
-    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 3 <> 0")
-    # The whole server (JVM and Python workers) dies between the part's quarantine and main commits.
-    server = sparkconnect.start_connect_server("local[2]", log_dir=str(tmp_path / "connect"),
-                                             fault_steps="quarantine_committed")
-
-    def restart_once_dead():  # a supervisor's restart (the client keeps retrying until a server answers)
-        server.process.wait()
-        server.fault_steps = None
-        server.start()
-
-    supervisor = threading.Thread(target=restart_once_dead)
-    supervisor.start()
-    try:
-        session = spark_session(remote=server.url)
-        try:
-            with pytest.raises(PartLost, match=rf"pipeline orders: the commit of batch 0 \({topic}/.*\) began and ended "
-                                               "without an outcome .*a commit may have landed: run again"):
-                runner.run(pipeline, spark_factory=lambda: session)
-        finally:
-            try:
-                stop_session(session)
-            except Exception:  # its server is gone
-                pass
-        supervisor.join(180)
-        assert read_pairs(pipeline.sink.table_uri) == [] and len(read_pairs(pipeline.sink.quarantine_uri)) == 180
-
-        rerun = spark_session(remote=server.url)
-        try:
-            runner.run(pipeline, spark_factory=lambda: rerun)
-        finally:
-            stop_session(rerun)
-    finally:
-        server.stop()
-    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    bad = [pair for pair in produced if (pair[0] + 3 * pair[1]) % 5 == 0]  # orders() puts order i at i % 3, in order
-    kept = [pair for pair in produced if (pair[0] + 3 * pair[1]) % 3 != 0 and pair not in bad]
-    assert_exactly_once(read_pairs(pipeline.sink.quarantine_uri), bad)
-    assert_exactly_once(read_pairs(pipeline.sink.table_uri), kept)
-
-
-def test_a_client_killed_during_the_servers_sink_commit_leaves_the_next_run_exact(
-        broker, topic, make_pipeline, connect_server, connect_session, tmp_path):
-    produced = broker.produce(topic, malformed_every(orders(0, 3_000), 7))
-    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id IS NOT NULL",
-                             limits={"max_records_per_commit": 1_000})
-    env = {**os.environ, "PYTHONPATH": INCLUDE, "SPARK_REMOTE": connect_server.url,
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    client = subprocess.Popen([sys.executable, "-m", "oncemore.cli", "run", "--config", pipeline.origin], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    staging = Path(pipeline.sink.quarantine_uri, "_oncemore_staging")
-    deadline = time.monotonic() + 300
-    while not list(staging.glob("*/commit-begun.*")) and client.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    client.kill()  # the server's driver is committing the first part: it goes on without its client
-    assert client.wait(30) == -9, client.stderr.read()[-2000:]
-    part = next(staging.glob("*/commit-begun.*")).parent
-    while not list(part.glob("outcome.*")) and not list(part.glob("failure.*")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert list(part.glob("outcome.*")), "the server's commit ended without an outcome"
-
-    session = connect_session()
-    runner.run(pipeline, spark_factory=lambda: session)
-    malformed = [pair for pair in produced if (pair[0] + 3 * pair[1]) % 7 == 0]  # order i at i % 3, in order
-    assert_exactly_once(read_pairs(pipeline.sink.quarantine_uri), malformed)
-    assert_exactly_once(read_pairs(pipeline.sink.table_uri), [pair for pair in produced if pair not in malformed])
 
 
 def test_runs_take_turns_in_this_hosts_sessions_and_a_session_the_server_closed_is_replaced(

@@ -25,7 +25,6 @@ from conftest import (
     produced_coordinates,
     query,
     read_coordinates,
-    run_with_fault,
 )
 from oncemore.commit.evolution import SchemaChangeRefused
 from oncemore.core.errors import TaskFailed
@@ -61,7 +60,7 @@ def test_a_sql_transform_filters_derives_a_date_partition_and_counts_what_it_dro
     huge = sum(1 for i in range(300) if i * 1.25 >= 300)
     (record,) = commits(pipeline.sink.table_uri)
     assert record["records"] == {"written": 300 - 1 - filtered - huge, "quarantined": 1 + huge, "filtered": filtered}
-    # What the run hands back of its commits (through Spark's driver-side commit) is what the tables hold.
+    # What the run hands back of its commits is what the tables hold.
     for role, uri in (("main", pipeline.sink.table_uri), ("quarantine", pipeline.sink.quarantine_uri)):
         sizes = DeltaTable(uri).get_add_actions(flatten=True).column("size_bytes").to_pylist()
         assert report.added[role] == {"rows": query(uri, "SELECT count(*) FROM {table}")[0][0], "bytes": sum(sizes),
@@ -226,24 +225,6 @@ def test_retried_task_attempts_on_the_transform_path_commit_each_record_once(bro
     assert "this task's first attempt fails" in done.stderr  # every task failed once
     assert_exactly_once(accounted(pipeline), produced)
     assert len(read_coordinates(pipeline.sink.quarantine_uri)) == 1 + sum(1 for i in range(3_000) if i * 1.25 >= 3000)
-
-
-def test_a_commit_whose_process_dies_after_landing_keeps_its_files_and_the_rerun_finds_it(broker, topic, make_pipeline):
-    produced = produced_coordinates(topic, broker.produce(topic, orders(0, 30) + [(0, None, b"{broken", None)]))
-    pipeline = make_pipeline(topic, transform="SELECT * FROM records WHERE id % 5 > 0",
-                             expectations=[{"name": "small", "check": "id < 25"}])
-    done = run_with_fault(pipeline, "main_committed", whole_run=False)
-
-    # The sink's commit worker died after both commits landed: Spark called abort, which must not
-    # delete files the log now references.
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"oncemore: error: pipeline orders: the commit of batch 0 ({topic}/0 [0, 11), "), last
-    assert "began and ended without an outcome" in last and "a commit may have landed" in last
-    landed = accounted(pipeline)
-    assert len(landed) == len(set(landed)) == 31 - 6  # every record but the six the filter drops
-    assert runner.run(pipeline, spark_factory=lambda: None).status == "no-op"
-    assert set(landed) <= set(produced)
 
 
 NESTED = ("id BIGINT NOT NULL, customer STRUCT<name: STRING, address: STRUCT<zip: STRING, lines: ARRAY<STRING>>>, "

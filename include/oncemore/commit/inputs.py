@@ -1,6 +1,6 @@
 """What a part's commit takes: the part as the run planned it (Part, an upsert's UpsertSpec), which
-travels to the tasks and the sink's commit as JSON; and from the tasks that read it, the one type
-both ways of reading hand over (the ingest job's manifest rows, the sink's staging area): a
+travels to the tasks as JSON; and from the tasks that read it, the one type both ways of reading
+hand over (the ingest job's manifest rows, the part's staging area): a
 RangeResult per range read, where a range stopped for a writer schema ahead of the reader
 (AheadRecord), and where an upsert part's change rows are staged. Nothing here commits: a
 process that only reads or writes a part's rows imports this, not delta-rs (commit/part.py).
@@ -155,7 +155,7 @@ class UpsertSpec:
 @dataclass(frozen=True)
 class Part:
     """One part of a batch as the run planned it: what it reads from where, what it builds on, and
-    what its commits record. JSON, so it can travel to Spark's driver-side commit."""
+    what its commits record. JSON, so it can travel to Spark's tasks."""
 
     pipeline: str
     run_id: str

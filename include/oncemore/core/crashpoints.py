@@ -7,9 +7,8 @@ a pipeline's config or on a command line can set it. The steps of a run, in orde
 - ``planned``: the run's process, its plan made, before Spark starts.
 - ``task``: a Spark task's Python worker, as it starts reading its ranges. Only that worker dies:
   a task failure, which fails the run (the others kill the whole run).
-- ``written``: where a part's commits are made (the run's process; the sink's driver-side commit
-  when the records are shaped in Spark, but for an upsert whose MERGE runs on the cluster: the
-  run's process), its files written and none validated yet.
+- ``written``: where a part's commits are made (the run's process), its files written and none
+  validated yet.
 - ``validated``: there, its files validated, before the quarantine commit.
 - ``quarantine_committed``: there, the quarantine commit made, before the main commit (with
   routes: before the route tables' commits; commit/routed.py).

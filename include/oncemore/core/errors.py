@@ -7,7 +7,6 @@ away by oncemore itself.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -116,25 +115,6 @@ class MirrorError(OncemoreError):
 class CatalogConflict(CatalogError):
     """The catalog holds the name at another location, or the location under another name: oncemore
     re-points or renames nothing it did not register itself."""
-
-
-def error_to_json(exc: BaseException) -> str:
-    """An error as data, for one that must cross from a process that cannot raise it to the run
-    (Spark's driver-side commit of a write): its type, one-line message and evidence."""
-    message = str(exc) if isinstance(exc, OncemoreError) else root_cause(exc)
-    return json.dumps({"type": type(exc).__name__, "message": message, "evidence": getattr(exc, "evidence", {})},
-                      default=str)
-
-
-def error_from_json(text: str) -> OncemoreError | None:
-    """The typed error ``error_to_json`` wrote, or None when it was not one of oncemore's."""
-    data = json.loads(text)
-    kinds, found = [OncemoreError], None
-    while kinds and found is None:
-        kind = kinds.pop()
-        found = kind if kind.__name__ == data["type"] else None
-        kinds.extend(kind.__subclasses__())
-    return found(data["message"], **data["evidence"]) if found else None
 
 
 def interrupted_by(exc: BaseException) -> bool:

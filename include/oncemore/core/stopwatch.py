@@ -5,7 +5,7 @@ The phases, in the order they happen:
 - ``plan``: Kafka's offsets and the Delta log read, the batches planned;
 - ``spark_start``: the Spark session (JVM start, or a Spark Connect session);
 - ``prepare``: formats resolved (the registry asked), the tables made ready, a transform analysed;
-- ``spark_job``: each part's Spark job, wall clock from its submission to its driver-side commit:
+- ``spark_job``: each part's Spark job, wall clock from its submission to its commit:
   scheduling, Python workers and the tasks, whose own work is the next three phases;
 - ``read``, ``decode``, ``write``: task time (summed over tasks, which run side by side): Kafka
   fetches, records decoded to Arrow, Parquet files written (both tables');

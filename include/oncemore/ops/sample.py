@@ -6,9 +6,9 @@ like it passes the pipeline's ``quarantine`` limit (commit/share.py).
 Invariant: nothing is written anywhere, and both table locations stay as they are. The records are
 read by a consumer that joins no group and commits nothing, decoded in this process by the run's
 own decoder (run/tasks.py's sample_ranges keeps the quarantine rows instead of writing them); a
-pipeline that shapes records in Spark has the same ranges read again by the ``oncemore_records``
-source without its staging option, whose tasks then write no file (run/kafkasource.py), and its
-rows are judged by the sink's own rules (run/deltasink.py's classified).
+pipeline that shapes records in Spark has the same ranges read again by the run's reading tasks
+without a staging area, which then write no file (run/kafkasource.RecordsTasks), and its rows are
+judged by the sink's own rules (run/deltasink.py's classified).
 """
 
 from __future__ import annotations
@@ -116,16 +116,14 @@ def sample(pipeline: Pipeline, count: int, spark_factory: Callable[[], object]) 
 
 def _shaped(pipeline: Pipeline, spark, spec, ranges: dict[KafkaPartition, tuple[int, int]]) -> pa.Table | None:
     """The ranges' good records shaped by the transform (with the expectations' verdicts), read by
-    Spark's records source writing nothing; None when Spark proves the transform keeps no row."""
-    from oncemore.run.jobs import source_reader
-    from oncemore.run.kafkasource import KafkaRecordsDataSource
-    from oncemore.run.session import register_source
+    the run's reading tasks writing nothing; None when Spark proves the transform keeps no row."""
+    from oncemore.run.jobs import reading_options
+    from oncemore.run.kafkasource import records_frame, records_schema
     from oncemore.shape.transform import reads_records, shape
 
-    register_source(spark, KafkaRecordsDataSource)
     groups = [[OffsetRange(p.topic, p.partition, start, end)] for p, (start, end) in ranges.items()]
-    shaped = shape(spark, source_reader(spark, KafkaRecordsDataSource, pipeline, spec, groups, 1 << 62).load(),
-                   pipeline)
+    records = records_frame(spark, reading_options(pipeline, spec, groups, 1 << 62), records_schema(spec))
+    shaped = shape(spark, records, pipeline)
     return shaped.toArrow() if reads_records(shaped) else None
 
 

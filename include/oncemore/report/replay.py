@@ -1,5 +1,5 @@
 """``oncemore verify --replay`` of an upsert table: its committed ranges read again from Kafka through
-Spark as a run reads them (the records source, shape/changes.py's change rows), folded to the last
+Spark as a run reads them (its reading tasks, shape/changes.py's change rows), folded to the last
 event per key in the pipeline's order, and compared with the table key by key (every column the
 replay has: the row's, the sequence and the coordinates).
 
@@ -50,7 +50,6 @@ as its event is.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from functools import reduce
@@ -62,14 +61,13 @@ from oncemore.commit.inputs import RangeResult
 from oncemore.config.model import Pipeline
 from oncemore.core.columns import (
     CHANGE_COLUMN,
-    INVALID_COLUMN,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     SEQUENCE_COLUMN,
     TOPIC_COLUMN,
     key_columns,
 )
-from oncemore.core.coordinates import KafkaPartition
+from oncemore.core.coordinates import KafkaPartition, OffsetRange
 from oncemore.core.errors import OncemoreError
 from oncemore.plan.ledger import Ledger, open_table
 from oncemore.report.epochs import as_written, schema_epochs
@@ -78,7 +76,7 @@ from oncemore.report.history import File, Piece, Removals, snapshot_files
 from oncemore.report.tablescan import Coverage, table_rows
 from oncemore.report.upserts import replay_discrepancy
 from oncemore.report.verdict import EXAMPLES, VerifyReport
-from oncemore.run.session import register_source, slots
+from oncemore.run.session import slots
 from oncemore.run.staging import Staging
 
 RECORDS_PER_TASK = 1_000_000  # offsets a replay task reads, at least one task per slot
@@ -181,10 +179,10 @@ def replay_table(spark, pipeline: Pipeline, table, schema: pa.Schema, keys: list
 
 
 def _changes(spark, pipeline: Pipeline, schema: pa.Schema, pieces: dict[int, Piece], staging_id: str):
-    """The change rows of every piece's records, read by the records source as a run reads them."""
+    """The change rows of every piece's records, read by the reading tasks as a run reads them."""
     from oncemore.decode.resolve import registries, resolve
-    from oncemore.kafka.clients import consumer_config
-    from oncemore.run.kafkasource import KafkaRecordsDataSource
+    from oncemore.run.jobs import reading_options
+    from oncemore.run.kafkasource import records_frame, records_schema
     from oncemore.run.prepare import task_spec
     from oncemore.shape.changes import change_rows
 
@@ -192,20 +190,12 @@ def _changes(spark, pipeline: Pipeline, schema: pa.Schema, pieces: dict[int, Pie
     settings = registries(pipeline)
     spec = task_spec(pipeline, resolve(pipeline, sorted({p.topic for p in partitions})), schema,
                      dict.fromkeys(partitions, BEYOND), settings)
-    register_source(spark, KafkaRecordsDataSource)
-    reader = (spark.read.format(KafkaRecordsDataSource.name()).option("pipeline", pipeline.name)
-              .option("tasks", json.dumps(_tasks(pieces, slots(spark)))).option("maxBytesPerTask", str(BEYOND))
-              .option("stallTimeoutMs", str(int(pipeline.source.stall_timeout_seconds * 1000)))
-              .option("spec", spec.to_json()).option("staging", staging_id))
-    for prefix, options in (("kafka.", consumer_config(pipeline)), ("storage.", spec.storage_options),
-                            ("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
-        for key, value in options.items():
-            reader = reader.option(f"{prefix}{key}", value)
-    return change_rows(reader.load(), pipeline)
+    options = {**reading_options(pipeline, spec, _tasks(pieces, slots(spark)), BEYOND), "staging": staging_id}
+    return change_rows(records_frame(spark, options, records_schema(spec)), pipeline)
 
 
-def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[list]]:
-    """The pieces as the records source's tasks: about as many as slots, or RECORDS_PER_TASK
+def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[OffsetRange]]:
+    """The pieces as the reading tasks' ranges: about as many as slots, or RECORDS_PER_TASK
     offsets each, whichever is more, by size; each task's ranges in partition order."""
     total = sum(p.end - p.start for p in pieces.values())
     count = min(len(pieces), max(slots, -(-total // RECORDS_PER_TASK)))
@@ -215,7 +205,7 @@ def _tasks(pieces: dict[int, Piece], slots: int) -> list[list[list]]:
         lightest = load.index(min(load))
         tasks[lightest].append(piece)
         load[lightest] += piece.end - piece.start
-    return [[[p.partition.topic, p.partition.partition, p.start, p.end]
+    return [[OffsetRange(p.partition.topic, p.partition.partition, p.start, p.end)
              for p in sorted(task, key=lambda p: (p.partition, p.start))] for task in tasks if task]
 
 

@@ -1,41 +1,34 @@
-"""``oncemore_delta``: the Spark Python Data Source writer at the end of a run's DataFrame, whose
-driver-side ``commit(messages)`` is the part's Delta commits.
+"""The sink's tasks: what ``mapInArrow`` runs over a run's shaped DataFrame (run/jobs.py), each
+Spark task writing the rows of any Kafka partitions to the tables' files.
 
-Each writing task (``write``) takes the shaped rows of any Kafka partitions, splits off the rows
-failing an expectation (quarantined as the row the transform made, in JSON, with the expectation's
-name; or, for ``on_fail: fail``, failing the task naming expectation, topic, partition and offset)
-and rows a Delta table could not read back (an empty string as a partition value) or whose column
-cannot hold a value (write/fit.unstorable_rows), and writes the rest in the table's schema; its
-message lists its files and counts. An upsert's tasks write change rows instead, to the part's
-staging area, and quarantine those that cannot be applied, with their record's bytes (a Debezium
-truncate fails the task, naming it). ``commit`` takes the reading tasks' RangeResults from the
-part's staging area and hands all of it to commit/part.py's commit_part, which re-reads the
-positions right before committing, wherever Spark's driver runs (a spark-submit, a Spark Connect
-server); the outcome, or the error it ended with, goes to the staging area for the run. An upsert
-whose MERGE runs on the cluster (``upsert.merge: cluster``) needs a Spark job, which a Python worker
-cannot start: ``commit`` then leaves the tasks' messages there and the run commits the part
-(``commit_left``). Before committing, ``commit`` leaves a mark there: from then on a commit may have
-landed with these files, so ``abort`` (which Spark calls when a task or ``commit`` fails) deletes
-them only while the mark is absent; commit_part deletes the files it knows were never committed.
+A task (``SinkTasks``) splits off the rows failing an expectation (quarantined as the row the
+transform made, in JSON, with the expectation's name; or, for ``on_fail: fail``, failing the task
+naming expectation, topic, partition and offset) and rows a Delta table could not read back (an
+empty string as a partition value) or whose column cannot hold a value (write/fit.unstorable_rows),
+and writes the rest in the table's schema; it yields one row, its ``WrittenFiles`` as JSON: its
+files and counts. An upsert's tasks write change rows instead, to the part's staging area, and
+quarantine those that cannot be applied, with their record's bytes (a Debezium truncate fails the
+task, naming it). The run commits the part from these rows and the reading tasks' RangeResults, as
+it commits an ingest job's (commit/part.py); a job that fails commits nothing, and the files its
+finished tasks wrote are in no commit (vacuum removes them).
 
-Spark imports this module in every process that plans or runs the write: its planning worker on
-the driver, each writing task, the commit's worker. Only ``commit`` and ``abort`` import what
-committing takes (commit/part.py, commit/committer.py: delta-rs, the MERGE), which made each of the
-others ~40 MiB larger (docs/performance.md, "A transform's run").
+Not a Data Source sink: Spark plans one in Python processes of its own on the driver (making the
+writer, its commit), each with its daemon, kept a minute idle; with the records' source that was
+~700 MiB of a run through a transform (docs/performance.md, "A transform's run"). The options reach
+the tasks inside the function, as the reading tasks' (run/kafkasource.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import asdict, dataclass
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from oncemore.commit.inputs import Part, RangeResult
+from oncemore.commit.inputs import Part
 from oncemore.core import hours
 from oncemore.core.columns import (
     CHANGE_COLUMN,
@@ -54,20 +47,13 @@ from oncemore.core.columns import (
     change_schema,
     schema_from_text,
 )
-from oncemore.core.coordinates import KafkaPartition
-from oncemore.core.errors import OncemoreError, error_to_json
+from oncemore.core.errors import OncemoreError
 from oncemore.core.stopwatch import Stopwatch
-from oncemore.run.staging import Staging
-from oncemore.write.files import DataFile, TableWriter
+from oncemore.write.files import TableWriter
 from oncemore.write.fit import conform, unstorable_rows
 
-if TYPE_CHECKING:
-    from oncemore.commit.copyonwrite import ClusterRewrite
-    from oncemore.commit.part import PartOutcome, Written
-
-NAME = "oncemore_delta"
-COMMIT_BEGUN = "commit-begun"
-LEFT_TO_RUN = "left-to-run"  # the tasks' messages, of a part whose commits the run makes
+# A task's WrittenFiles as the one row it yields to the run.
+MESSAGE_SCHEMA = pa.schema([("written", pa.string())])
 
 
 class ExpectationFailed(OncemoreError):
@@ -79,29 +65,51 @@ class TruncateRefused(OncemoreError):
 
 
 @dataclass
-class WrittenFiles(WriterCommitMessage):
+class WrittenFiles:
+    """What one sink task wrote: its files (write/files.DataFile's fields), the rows failing each
+    expectation, in all and by ``topic/partition``, its seconds writing, and its rows by hour."""
+
     files: list[dict]
     violations: dict[str, int]
     violations_by_partition: dict[str, int]
     write_seconds: float = 0.0
     hours: dict[str, list[int]] | None = None  # core/hours.py: the rows this task wrote and quarantined
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
-class DeltaSinkDataSource(DataSource):
     @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def writer(self, schema, overwrite: bool) -> "DeltaSinkWriter":
-        return DeltaSinkWriter(self.options)
+    def from_json(cls, text: str) -> "WrittenFiles":
+        return cls(**json.loads(text))
 
 
-class DeltaSinkWriter(DataSourceArrowWriter):
-    """Options: ``part`` (commit.inputs.Part JSON), ``tableSchema`` (Arrow IPC, base64),
-    ``expectations`` ([{name, on_fail}], in the order of their verdict columns), ``keepRows``
-    (false: the rows are the records, read only for the quarantine, none kept), ``floors``
-    ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
+def sink_options(part: Part, table_schema: pa.Schema, expectations: list[dict], keep_rows: bool,
+                 floors: dict[str, int], storage: dict[str, str]) -> dict[str, str]:
+    """What ``SinkTasks`` takes: ``part`` (commit.inputs.Part JSON), ``tableSchema`` (Arrow IPC,
+    base64), ``expectations`` ([{name, on_fail}], in the order of their verdict columns),
+    ``keepRows`` (false: the rows are the records, read only for the quarantine, none kept),
+    ``floors`` ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
+    from oncemore.core.columns import schema_text
 
+    options = {"part": part.to_json(), "tableSchema": schema_text(table_schema), "expectations": json.dumps(expectations),
+               "keepRows": json.dumps(keep_rows), "floors": json.dumps(floors)}
+    options.update((f"storage.{key}", value) for key, value in storage.items())
+    return options
+
+
+class SinkTasks:
+    """What ``mapInArrow`` runs over the shaped rows of a Spark task (sink_options): their files
+    written, and one row (MESSAGE_SCHEMA) saying what they hold."""
+
+    def __init__(self, options: dict[str, str]):
+        self.options = options
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        written = _SinkTask(self.options).write(batches)
+        yield pa.RecordBatch.from_pylist([{"written": written.to_json()}], schema=MESSAGE_SCHEMA)
+
+
+class _SinkTask:
     def __init__(self, options):
         self.part = Part.from_json(options["part"])
         self.table_schema = schema_from_text(options["tableSchema"])
@@ -177,35 +185,6 @@ class DeltaSinkWriter(DataSourceArrowWriter):
                                                                           table.column(PARTITION_COLUMN).to_pylist())],
                           pa.int64())
         return table.filter(pc.greater_equal(table.column(OFFSET_COLUMN), floors))
-
-    def _staging(self) -> Staging:
-        return Staging(self.part.quarantine_uri, self.part.staging_id, self.storage)
-
-    def commit(self, messages: list[WrittenFiles | None]) -> None:
-        staging = self._staging()
-        if self.part.merges_on_cluster:
-            # Its MERGE is a Spark job, which only the run can start: the run commits (commit_left).
-            staging.put(LEFT_TO_RUN, json.dumps([m.__dict__ for m in messages if m]))
-            return
-        from oncemore.commit.part import commit_part
-
-        staging.put(COMMIT_BEGUN, "{}")
-        try:
-            outcome = commit_part(self.part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
-                                  _written(messages), self.table_schema, self.storage)
-        except Exception as exc:  # handed on as data: raising here would make Spark call abort
-            staging.put("failure", error_to_json(exc))
-            return
-        staging.put("outcome", outcome.to_json())
-
-    def abort(self, messages: list[WrittenFiles | None]) -> None:
-        from oncemore.commit.committer import delete_files
-
-        if self._staging().get(COMMIT_BEGUN):
-            return  # a commit may have landed with these files; vacuum removes the ones none did
-        files = [DataFile.from_dict(f) for m in messages if m for f in m.files]
-        for table, uri in (("main", self.part.table_uri), ("quarantine", self.part.quarantine_uri)):
-            delete_files(uri, [f for f in files if f.table == table], self.storage)
 
 
 def classified(rows: pa.Table, pipeline: str, expectations: list[dict], upsert_keys, schema: pa.Schema,
@@ -318,39 +297,3 @@ def _stored(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_list(kind):
         return pa.list_(kind.value_field.with_type(_stored(kind.value_type)))
     return kind
-
-
-def commit_left(part: Part, staging: Staging, table_schema: pa.Schema, storage: dict[str, str],
-                cluster: ClusterRewrite) -> PartOutcome:
-    """The part's commits, made by the run once the sink's ``commit`` left them to it (an upsert
-    whose MERGE runs on the ``cluster``): what the sink would have committed, from the staging area."""
-    from oncemore.commit.part import commit_part
-
-    messages = [WrittenFiles(**m) for m in json.loads(staging.get(LEFT_TO_RUN)[0])]
-    return commit_part(part, _one_per_range(RangeResult.from_json(t) for t in staging.get("range-")),
-                       _written(messages), table_schema, storage, cluster=cluster)
-
-
-def _written(messages: list[WrittenFiles | None]) -> Written:
-    from oncemore.commit.part import Written
-
-    return Written(
-        files=tuple(DataFile.from_dict(f) for m in messages if m for f in m.files),
-        violations=sum((Counter(m.violations) for m in messages if m), Counter()),
-        violations_by_partition={KafkaPartition.parse(k): v for k, v in
-                                 sum((Counter(m.violations_by_partition) for m in messages if m), Counter()).items()},
-        write_seconds=sum(m.write_seconds for m in messages if m),
-        hours=hours.merged(*(m.hours or {} for m in messages if m)),
-    )
-
-
-def _one_per_range(results) -> list[RangeResult]:
-    """One RangeResult per range: a retried or speculative task attempt left another (both read the
-    same records); the other's files are never committed (vacuum removes them). A task's ranges
-    share its files, listed by its last range's result (tasks.TaskFiles): whichever attempt's
-    results are chosen, each range's rows are in exactly one chosen file, as attempts read the same
-    records (a file holding offsets past its range's chosen end fails validation, never commits)."""
-    chosen: dict[tuple, RangeResult] = {}
-    for result in sorted(results, key=lambda r: (r.topic, r.partition, r.start, r.reached)):
-        chosen.setdefault((result.topic, result.partition, result.start), result)
-    return list(chosen.values())

@@ -3,10 +3,15 @@
 - ``ingest_job``: records stay in Python (no transform, no expectations). One job whose tasks
   (kafkasource.IngestTasks) read, decode and write both tables' files; the RangeResults come back
   through ``collect`` and the run commits them (commit/part.py).
-- ``shaped_job``: records go through Spark. The ``oncemore_records`` source's DataFrame, shaped by
-  the transform and the expectations (transform.py), written by the ``oncemore_delta`` sink, whose
-  driver-side commit makes the part's commits; its outcome comes back through the staging area
-  (an upsert whose MERGE runs on the cluster: the run makes them after the job, rewritejob.py).
+- ``shaped_job``: records go through Spark. The records' DataFrame (kafkasource.RecordsTasks),
+  shaped by the transform and the expectations (transform.py), written by the sink's tasks
+  (deltasink.SinkTasks), whose files come back through ``collect``, with the reading tasks'
+  RangeResults through the part's staging area (staging.py); the run commits them alike (an
+  upsert whose MERGE runs on the cluster with the cluster's rewrite, rewritejob.py).
+
+Either way each job is a ``mapInArrow`` over one row per task, planned by the JVM alone, and the
+part's commits are made in the run's own process: wherever its Spark runs (local, a cluster, a
+Spark Connect server), no commit is made anywhere else.
 
 A job that fails names the ranges of the task that failed where Spark names the task's index
 (the index of its group of ranges in the reading stage: a dead Python worker), else every range
@@ -18,25 +23,22 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import Counter
 from typing import Callable
 
 from oncemore.commit.inputs import Part, RangeResult
-from oncemore.commit.part import PartOutcome
+from oncemore.commit.part import PartOutcome, Written
 from oncemore.config.model import Pipeline
-from oncemore.core.columns import schema_text
-from oncemore.core.coordinates import OffsetRange
-from oncemore.core.errors import OncemoreError, TaskFailed, error_from_json, root_cause
+from oncemore.core import hours
+from oncemore.core.coordinates import KafkaPartition, OffsetRange
+from oncemore.core.errors import TaskFailed, root_cause
 from oncemore.kafka.clients import consumer_config
-from oncemore.run.session import register_source
 from oncemore.run.staging import Staging
 from oncemore.run.tasks import TaskSpec
 from oncemore.shape.transform import reads_records
+from oncemore.write.files import DataFile
 
 log = logging.getLogger("oncemore")
-
-
-class PartLost(OncemoreError):
-    """The sink's commit began but left no outcome: a commit of this part may or may not have landed."""
 
 
 def reading_options(pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> dict[str, str]:
@@ -55,11 +57,6 @@ def reading_options(pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offset
     return options
 
 
-def source_reader(spark, source, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int):
-    """A reader of ``source`` (a Data Source class, registered in the session) over ``groups``."""
-    return spark.read.format(source.name()).options(**reading_options(pipeline, spec, groups, budget))
-
-
 def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int) -> list[RangeResult]:
     """The RangeResults of ``groups`` read, each group by a Spark task of one job: a ``mapInArrow``
     over one row per task, its index, which is also the index Spark names a failed task by."""
@@ -74,67 +71,67 @@ def ingest_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
 
 
 def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[OffsetRange]], budget: int, part: Part,
-               shape: Callable) -> PartOutcome:
-    from oncemore.run.deltasink import COMMIT_BEGUN, DeltaSinkDataSource, commit_left
-    from oncemore.run.kafkasource import KafkaRecordsDataSource
+               shape: Callable, commit: Callable[..., PartOutcome]) -> PartOutcome:
+    """The part's records read by ``RecordsTasks``, shaped by ``shape``, written by ``SinkTasks``
+    (one Spark job), then committed by ``commit(results, written, cluster)``: the reading tasks'
+    RangeResults (from the part's staging area), the sink tasks' Written, and for an upsert whose
+    MERGE runs on the cluster its ClusterRewrite (else None). The staging area, which also holds an
+    upsert's change rows, is removed once ``commit`` returns or anything fails."""
+    from oncemore.run.deltasink import SinkTasks, WrittenFiles, sink_options
+    from oncemore.run.kafkasource import records_frame, records_schema
 
-    register_source(spark, KafkaRecordsDataSource)
-    register_source(spark, DeltaSinkDataSource)
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
-    records = source_reader(spark, KafkaRecordsDataSource, pipeline, spec, groups, budget).option(
-        "staging", part.staging_id).load()
-    shaped = shape(records)
-    keeps_rows = reads_records(shaped)
-    if not keeps_rows:
-        # Spark proved the transform keeps no row and would skip reading: the records are read all
-        # the same, so bad ones reach the quarantine table and the rest are counted as filtered.
-        log.info("pipeline %s: the transform keeps no record (Spark folds it to nothing); reading the records "
-                 "for the quarantine table only", pipeline.name)
-        shaped = records
-    expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations] if keeps_rows else []
-    writer = (
-        shaped.write.format(DeltaSinkDataSource.name()).mode("append")
-        .option("part", part.to_json())
-        .option("tableSchema", schema_text(spec.table_schema))
-        .option("expectations", json.dumps(expectations))
-        .option("keepRows", json.dumps(keeps_rows))
-        .option("floors", json.dumps(spec.quarantine_floors))
-    )
-    for key, value in spec.storage_options.items():
-        writer = writer.option(f"storage.{key}", value)
     try:
+        options = {**reading_options(pipeline, spec, groups, budget), "staging": part.staging_id}
+        records = records_frame(spark, options, records_schema(spec))
+        shaped = shape(records)
+        keeps_rows = reads_records(shaped)
+        if not keeps_rows:
+            # Spark proved the transform keeps no row and would skip reading: the records are read all
+            # the same, so bad ones reach the quarantine table and the rest are counted as filtered.
+            log.info("pipeline %s: the transform keeps no record (Spark folds it to nothing); reading the records "
+                     "for the quarantine table only", pipeline.name)
+            shaped = records
+        expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations] if keeps_rows else []
+        write = SinkTasks(sink_options(part, spec.table_schema, expectations, keeps_rows, spec.quarantine_floors,
+                                       spec.storage_options))
         try:
-            writer.save()
-        except Exception as exc:
-            if not staging.get(COMMIT_BEGUN):  # a task failed, or the commit failed before committing anything
-                raise task_failure(exc, pipeline.name, groups) from exc
-            return _outcome(staging, pipeline, part, groups, root_cause(exc))
+            rows = shaped.mapInArrow(write, "written string").collect()
+        except Exception as exc:  # a task's error, or its Python worker died
+            raise task_failure(exc, pipeline.name, groups) from exc
+        results = _one_per_range(RangeResult.from_json(text) for text in staging.get("range-"))
+        cluster = None
         if part.merges_on_cluster:
             from oncemore.run.rewritejob import cluster_rewrite
 
-            return commit_left(part, staging, spec.table_schema, spec.storage_options,
-                               cluster_rewrite(spark, part, spec.storage_options))
-        return _outcome(staging, pipeline, part, groups, None)
+            cluster = cluster_rewrite(spark, part, spec.storage_options)
+        return commit(results, _written([WrittenFiles.from_json(row["written"]) for row in rows]), cluster)
     finally:
         staging.remove()
 
 
-def _outcome(staging: Staging, pipeline: Pipeline, part: Part, groups: list[list[OffsetRange]],
-             cause: str | None) -> PartOutcome:
-    """What the sink's commit left: its outcome, or the error it ended with (raised here, typed as
-    it was raised there), or nothing at all (it died: whether a commit landed is unknown)."""
-    outcomes, failures = staging.get("outcome"), staging.get("failure")
-    if outcomes:
-        return PartOutcome.from_json(outcomes[0])
-    ranges = ", ".join(str(r) for group in groups for r in group)
-    if failures:
-        error = error_from_json(failures[0])
-        if error is not None:
-            raise error
-        cause = json.loads(failures[0])["message"]
-    raise PartLost(f"pipeline {pipeline.name}: the commit of batch {part.batch_seq} ({ranges}) began and ended without "
-                   f"an outcome ({cause or 'no error reported'}); a commit may have landed: run again, a rerun finds "
-                   "whatever did", staging=part.staging_id, ranges=ranges)
+def _written(messages: list) -> Written:
+    """The sink tasks' WrittenFiles as one Written."""
+    return Written(
+        files=tuple(DataFile.from_dict(f) for m in messages for f in m.files),
+        violations=sum((Counter(m.violations) for m in messages), Counter()),
+        violations_by_partition={KafkaPartition.parse(k): v for k, v in
+                                 sum((Counter(m.violations_by_partition) for m in messages), Counter()).items()},
+        write_seconds=sum(m.write_seconds for m in messages),
+        hours=hours.merged(*(m.hours or {} for m in messages)),
+    )
+
+
+def _one_per_range(results) -> list[RangeResult]:
+    """One RangeResult per range: a retried or speculative task attempt left another (both read the
+    same records); the other's files are never committed (vacuum removes them). A task's ranges
+    share its files, listed by its last range's result (tasks.TaskFiles): whichever attempt's
+    results are chosen, each range's rows are in exactly one chosen file, as attempts read the same
+    records (a file holding offsets past its range's chosen end fails validation, never commits)."""
+    chosen: dict[tuple, RangeResult] = {}
+    for result in sorted(results, key=lambda r: (r.topic, r.partition, r.start, r.reached)):
+        chosen.setdefault((result.topic, result.partition, result.start), result)
+    return list(chosen.values())
 
 
 def task_failure(exc: BaseException, pipeline: str, groups: list[list[OffsetRange]]) -> TaskFailed:

@@ -1,36 +1,31 @@
-"""How Spark reads exact Kafka offset ranges: two Python Data Sources, and the function of a run's
-ingest job.
+"""How Spark reads exact Kafka offset ranges: a Python Data Source, and the functions of a run's
+jobs.
 
 ``oncemore_kafka`` yields the records as Arrow batches with the Spark Kafka source's columns:
 key, value, topic, partition, offset, timestamp, timestampType (headers are not read). Use it
-to look at a range in Spark, registered first (``spark.dataSource.register(KafkaRangeDataSource)``;
-a run registers only the sources it reads, session.register_source). Options follow Spark's Kafka source: ``startingOffsets``
-and ``endingOffsets`` as ``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``,
-``maxRecordsPerPartition``; plus ``stallTimeoutMs`` and ``pipeline`` (named in errors).
+to look at a range in Spark, registered first (``spark.dataSource.register(KafkaRangeDataSource)``).
+Options follow Spark's Kafka source: ``startingOffsets`` and ``endingOffsets`` as
+``{"topic": {"0": 42}}``, ``kafka.<librdkafka setting>``, ``maxRecordsPerPartition``; plus
+``stallTimeoutMs`` and ``pipeline`` (named in errors).
 
 What runs read (``TaskRanges``): option ``tasks`` lists the Spark tasks, each a list of ranges
 ``[[topic, partition, start, end], ...]`` (planner.group_tasks), read in turn, each stopped at
 ``maxBytesPerTask`` key + value bytes; ``spec`` carries the tasks.TaskSpec as JSON and
-``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings, one option each so
-Spark redacts the secret ones where they are a Data Source's options.
-- ``IngestTasks``: records stay in Python. The function ``mapInArrow`` runs over one row per task
-  (run/jobs.py): each range is decoded and written to the task's files of both tables, and the
-  task yields one manifest row per range (commit/inputs.py's RangeResult): crossing into the JVM
-  costs ~1.1 us a record here, a third of the whole path (PLATFORM.md). Not a Data Source: Spark
-  plans one in Python processes of their own on the driver (looking the source up, making it,
-  planning its read), one daemon and one worker each, kept a minute idle; that was 316 MiB of a
-  1 M-record run's 1,576 (docs/performance.md). The options reach the tasks inside the function,
-  which Spark shows by name only (as run/rewritejob.py's) and oncemore's sessions never write to a
-  file (session.py).
-- ``oncemore_records``: the decoded records as a DataFrame, for a transform and the
-  ``oncemore_delta`` sink (run/deltasink.py); each range's RangeResult goes to the part's staging area.
-  Without option ``staging`` (``oncemore check --sample``) it writes nothing: no RangeResult, and
-  no quarantine row (its quarantine floors are then the ranges' ends). A Data Source, because
-  shape/transform.py finds in the plan whether a transform still reads it.
+``storage.<KEY>``, ``registry.<key>``, ``key.registry.<key>`` its settings. Both functions run as
+``mapInArrow`` over one row per task, its index (run/jobs.py):
+- ``IngestTasks``: records stay in Python. Each range is decoded and written to the task's files
+  of both tables, and the task yields one manifest row per range (commit/inputs.py's RangeResult):
+  crossing into the JVM costs ~1.1 us a record here, a third of the whole path (PLATFORM.md).
+- ``RecordsTasks``: the decoded records as a DataFrame, for a transform and the sink's tasks
+  (run/deltasink.py); each range's RangeResult goes to the part's staging area.
 
-Spark plans a source's read in fresh Python processes on the driver (the source's schema, its
-reader's partitions), each importing this module: what only reading needs (the Kafka client,
-decoders, registry clients, Arrow) is imported by the reading task, not here.
+Neither is a Data Source: Spark plans one in Python processes of their own on the driver (looking
+the source up, making it, planning its read), one daemon and one worker each, kept a minute idle;
+that was 316 MiB of a 1 M-record run's 1,576 (docs/performance.md). The options reach the tasks
+inside the function, which Spark shows by name only (as run/rewritejob.py's) and oncemore's
+sessions never write to a file (session.py). Spark plans ``oncemore_kafka``'s read in such
+processes, each importing this module: what only reading needs (the Kafka client, decoders,
+registry clients, Arrow) is imported by the reading task, not here.
 """
 
 from __future__ import annotations
@@ -53,15 +48,6 @@ if TYPE_CHECKING:
     from oncemore.run.taskspec import TaskSpec
 
 NAME = "oncemore_kafka"
-RECORDS_NAME = "oncemore_records"
-
-
-class KafkaTaskPartition(InputPartition):
-    """One Spark task of ``oncemore_records``: ranges (topic, partition, start, end) read one after another."""
-
-    def __init__(self, ranges: list[tuple[str, int, int, int]]):
-        super().__init__(ranges)
-        self.ranges = ranges
 
 
 class KafkaRangePartition(InputPartition):
@@ -211,66 +197,59 @@ class IngestTasks:
                         yield manifest_batch(result)
 
 
-def records_schema(options) -> pa.Schema:
-    """The columns of ``oncemore_records``: the decoded records' (decode/rows.decoded_columns), each
-    taking NULL at every depth, whatever the format declares NOT NULL: a tombstone's value columns
+def records_schema(spec: TaskSpec) -> pa.Schema:
+    """The columns of a run's records (``RecordsTasks``): the decoded records' (decode/rows.decoded_columns),
+    each taking NULL at every depth, whatever the format declares NOT NULL: a tombstone's value columns
     are NULL (its change row takes its key from the Kafka key, and no value: shape/changes.py), and
     so are a NULL struct's fields, which Arrow refused to cast to a NOT NULL field, failing the
-    task on every rerun (Spark checks each batch against these columns). Option ``asDeclared``
-    keeps what the format declares, for the probe that reads no record and tells the table's
-    columns (run/prepare.py): those NOT NULL stay so in the table (the decoders refuse a record
-    without such a value; write/fit.py the rest)."""
+    task on every rerun (Spark checks each batch against these columns). The probe that reads no
+    record and tells the table's columns keeps what the format declares (run/prepare.py)."""
     from oncemore.core.columns import nullable
     from oncemore.decode.rows import decoded_columns
 
-    schema = decoded_columns(task_spec(options).records, _prefixed(options, "registry.") or None,
-                             _prefixed(options, "key.registry.") or None)
-    return schema if options.get("asDeclared") == "true" else nullable(schema)
+    return nullable(decoded_columns(spec.records, spec.value_registry, spec.key_registry))
 
 
-class KafkaRecordsDataSource(DataSource):
-    """The decoded records of a run's part, as the DataFrame a transform reads (the view ``records``)."""
+def records_frame(spark, options: dict[str, str], schema: pa.Schema):
+    """The records of option ``tasks`` as a DataFrame of ``schema`` (records_schema), read by
+    ``RecordsTasks``: the DataFrame a transform reads as the view ``records``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    @classmethod
-    def name(cls) -> str:
-        return RECORDS_NAME
-
-    def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        return from_arrow_schema(records_schema(self.options))
-
-    def reader(self, schema) -> "KafkaRecordsReader":
-        return KafkaRecordsReader(self.options)
+    count = len(json.loads(options["tasks"]))
+    return spark.range(0, count, 1, max(count, 1)).mapInArrow(RecordsTasks(options), from_arrow_schema(schema))
 
 
-class KafkaRecordsReader(DataSourceReader):
-    """Records that go through Spark: each range's good rows yielded, its quarantine rows written
-    to the quarantine table's files, and its RangeResult put in the part's staging area (option
-    ``staging``), where the sink's commit takes it; without that option, nowhere."""
+class RecordsTasks:
+    """What ``mapInArrow`` runs for records that go through Spark, one row (its task's index) a
+    Spark task: each range's good rows yielded, its quarantine rows written to the quarantine
+    table's files, and its RangeResult put in the part's staging area (option ``staging``), where
+    the run takes it after the job (run/jobs.py); without that option (``oncemore check --sample``)
+    nothing is written: no RangeResult, and no quarantine row (its quarantine floors are then the
+    ranges' ends). Spark's plan names it (``MapInArrow RecordsTasks(id)``): shape/transform.py
+    finds there whether a transform reads the records, and how."""
 
-    def __init__(self, options):
-        self.tasks = TaskRanges(options)
-        self.staging = options.get("staging")
+    def __init__(self, options: dict[str, str]):
+        self.options = options
 
-    def partitions(self) -> list[KafkaTaskPartition]:
-        return [KafkaTaskPartition(ranges) for ranges in self.tasks.tasks]
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tasks = TaskRanges(self.options)
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from self._read(tasks, tasks.tasks[index])
 
-    def read(self, task: KafkaTaskPartition | None) -> Iterator[pa.RecordBatch]:
-        if task is None:
-            return
+    def _read(self, tasks: TaskRanges, ranges: list[tuple[str, int, int, int]]) -> Iterator[pa.RecordBatch]:
         from oncemore.commit.inputs import RangeResult
         from oncemore.core.columns import nullable
         from oncemore.run.staging import Staging
         from oncemore.run.tasks import decode_ranges
 
-        spec = self.tasks.spec
-        if self.staging is None:  # nothing written: the quarantine table "holds" every record read
-            spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in task.ranges})
-        staging = Staging(spec.quarantine_uri, self.staging, spec.storage_options) if self.staging else None
+        spec, staging_id = tasks.spec, self.options.get("staging")
+        if staging_id is None:  # nothing written: the quarantine table "holds" every record read
+            spec = replace(spec, quarantine_floors={f"{t}/{p}": end for t, p, _, end in ranges})
+        staging = Staging(spec.quarantine_uri, staging_id, spec.storage_options) if staging_id else None
         decoder = spec.decoder()
         schema = nullable(decoder.schema)  # records_schema's, which Spark checks the rows against
-        for item in decode_ranges(self.tasks.ranges(task.ranges), spec, decoder, self.tasks.part_starts):
+        for item in decode_ranges(tasks.ranges(ranges), spec, decoder, tasks.part_starts):
             if isinstance(item, RangeResult):
                 if staging is not None:
                     staging.put(f"range-{item.topic}-{item.partition}-{item.start}", item.to_json())

@@ -132,14 +132,13 @@ def table_schema(pipeline: Pipeline, records: RecordSpec, settings: Registries,
     schema = decoded_columns(records, *settings)
     if pipeline.shapes_in_spark:
         from oncemore.commit.evolution import arrow_schema
-        from oncemore.run.kafkasource import KafkaRecordsDataSource
-        from oncemore.run.session import register_source
+        from oncemore.run.kafkasource import records_frame
         from oncemore.shape.transform import shape
 
         spark = spark_factory()
-        register_source(spark, KafkaRecordsDataSource)
-        probe = _probe_options(task_spec(pipeline, records, schema, {}, settings))
-        shaped = shape(spark, spark.read.format(KafkaRecordsDataSource.name()).options(**probe).load(), pipeline)
+        # Records of no task, with the columns as the format declares them (those NOT NULL stay so
+        # in the table): what Spark's analysis of the transform needs, and nothing is read.
+        shaped = shape(spark, records_frame(spark, {"tasks": "[]"}, schema), pipeline)
         schema = arrow_schema(shaped.drop(*[c for c in shaped.columns if c.startswith(OWN_PREFIX)]).schema)
     try:
         check_partition_by(schema, table.partition_by)
@@ -156,11 +155,3 @@ def task_spec(pipeline: Pipeline, records: RecordSpec, table_schema: pa.Schema, 
     sink = pipeline.sink
     return TaskSpec.single(records, table_schema, sink.table_uri, sink.quarantine_uri, sink.partition_by,
                            by_text(floors), sink.storage_options, *settings)
-
-
-def _probe_options(spec: TaskSpec) -> dict[str, str]:
-    """Options of a records DataFrame that reads nothing: what Spark's analysis of a transform needs."""
-    options = {"tasks": "[]", "maxBytesPerTask": "1", "spec": spec.to_json(), "staging": "probe", "asDeclared": "true"}
-    for prefix, settings in (("registry.", spec.value_registry or {}), ("key.registry.", spec.key_registry or {})):
-        options.update({f"{prefix}{k}": v for k, v in settings.items()})
-    return options

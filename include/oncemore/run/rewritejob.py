@@ -3,10 +3,9 @@ task per task commit/copyonwrite.py planned, each running on an executor: the ke
 (write/keyscan.py) the classification and the copy-on-write start from, then the rewrite
 (write/rewrite.py).
 
-Only the run's own program starts it: the sink's driver-side ``commit`` runs in a Python worker
-that cannot start a Spark job, so on this path the sink leaves the part's commits to the run
-(deltasink.py). A job over ``spark.range`` with one row per partition and ``mapInArrow`` runs on a
-classic session and on Spark Connect alike; the tasks' inputs are their JSON (the part's keys and
+The run's own program starts it, after the part's job and before its commits (jobs.py). A job
+over ``spark.range`` with one row per partition and ``mapInArrow`` runs on a classic session and on
+Spark Connect alike; the tasks' inputs are their JSON (the part's keys and
 change rows, and the scan's matches, are staged files, not rows sent through Spark), their results
 one JSON row each. A failed job fails the part before its commit, naming the part's ranges; the
 files its finished tasks wrote are in no commit (vacuum removes them).

@@ -206,13 +206,17 @@ class _Run:
         groups = group_tasks(tasks, self.task_slots, pipeline.limits.max_records_per_partition) if tasks else []
         self.progress.begin()
         commits = self._commits(part)
+
+        def commit(results, written, cluster=None) -> PartOutcome:
+            return commit_part(commits, results, written, self.prepared.schemas(), pipeline.sink.storage_options,
+                               self.ledgers.by_tag(), cluster=cluster)
+
         if pipeline.shapes_in_spark and tasks:
             return shaped_job(self.spark, pipeline, spec, groups, budget, commits,
-                              lambda records: shape(self.spark, records, pipeline))
+                              lambda records: shape(self.spark, records, pipeline), commit)
         results = ingest_job(self.spark, pipeline, spec, groups, budget) if tasks else []
         self._learn_sizes(results)
-        return commit_part(commits, results, Written(), self.prepared.schemas(), pipeline.sink.storage_options,
-                           self.ledgers.by_tag())
+        return commit(results, Written())
 
     def _commits(self, part: PartPlan) -> Part:
         """What the part's commits take: where it starts and what it builds on, from the plan."""

@@ -264,7 +264,7 @@ _REGISTERED: "weakref.WeakKeyDictionary[object, set[str]]" = weakref.WeakKeyDict
 
 def register_source(spark, source) -> None:
     """Registers the Python Data Source class ``source`` in ``spark``, once per session: each job
-    registers what it reads or writes (a verify its table scan, a run its Kafka sources and sink)."""
+    registers what it reads (a verify its table scan)."""
     names = _REGISTERED.setdefault(spark, set())
     if source.name() not in names:
         spark.dataSource.register(source)

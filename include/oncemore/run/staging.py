@@ -1,13 +1,14 @@
-"""What crosses from Spark's tasks and its commit back to the run when records go through Spark
-DataFrames, which carry only rows: each reading task's RangeResult, and the part's outcome.
+"""What crosses from Spark's reading tasks back to the run when records go through Spark
+DataFrames, which carry only rows: each task's RangeResult (an upsert part's change rows and its
+MERGE's inputs are staged under the same directory).
 
 They are small JSON files under the quarantine table's ``_oncemore_staging/<part>/`` (Delta
 readers and vacuum ignore directories starting with ``_``), written with the tables' own storage
-settings, so any process that can write the tables can hand them on: a Python worker, the Spark
-driver's (or a Spark Connect server's) commit, the run. A task attempt writes its own file: a
-retried or speculative attempt of the same range leaves two, of which exactly one is taken
-(the ranges are read whole and read the same records). A part's directory is removed once the
-run has taken its outcome; directories an interrupted run left are removed by maintenance.
+settings, so any process that can write the tables can hand them on: a Python worker, the run. A
+task attempt writes its own file: a retried or speculative attempt of the same range leaves two,
+of which exactly one is taken (the ranges are read whole and read the same records). A part's
+directory is removed once the run has committed the part or failed; directories an interrupted
+run left are removed by maintenance.
 """
 
 from __future__ import annotations

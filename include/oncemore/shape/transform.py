@@ -1,6 +1,6 @@
 """A pipeline's records shaped in Spark: the decoded records as the view ``records``, the
 transform (Spark SQL over the view, or a Python function DataFrame -> DataFrame), and one verdict
-column per expectation, ready for the ``oncemore_delta`` sink.
+column per expectation, ready for the sink's tasks.
 
 Checked on Spark's own analysis of the query, before a record is read: it must parse and resolve
 (Spark's error, named as the transform's); it must keep ``_kafka_topic``, ``_kafka_partition`` and
@@ -50,6 +50,8 @@ _VIEW = threading.Lock()
 _NODE = re.compile(r"^((?:[ :][ ] |[+:]- )*)([A-Z][A-Za-z0-9]+)(.*)$")
 _CTE = re.compile(r"^(?:CTERelationDef|CTERelationRef) (\d+)")
 _COORDINATE = re.compile(r"\b(_kafka_topic|_kafka_partition|_kafka_offset)#(\d+)")
+# How Spark's plan names the records: the function run/kafkasource.RecordsTasks over a range of task indexes.
+RECORDS_NODE = "MapInArrow RecordsTasks("
 
 
 class TransformRefused(OncemoreError):
@@ -133,7 +135,7 @@ def _records_source(plan: str, where: str) -> _PlanNode:
     definitions: dict[str, _PlanNode] = {}
     node = _plan_tree(plan)
     while True:
-        if node.name == "RelationV2" and node.text.endswith(" oncemore_records"):
+        if node.text.startswith(RECORDS_NODE) and [c.name for c in node.children] == ["Range"]:
             return node
         if node.name == "CTERelationRef":  # a common table expression: on through its definition
             node = definitions.get(_CTE.match(node.text).group(1), node)
@@ -174,7 +176,7 @@ def _function(spec: str) -> Callable:
 def reads_records(frame) -> bool:
     """Whether running ``frame`` reads the records: Spark's optimizer drops the scan of rows it
     proves are never kept (``WHERE 1 = 0``), and then no record would be read or accounted."""
-    return " oncemore_records" in _explained(frame, "Optimized Logical Plan", "Physical Plan")
+    return RECORDS_NODE in _explained(frame, "Optimized Logical Plan", "Physical Plan")
 
 
 def _analyzed(frame) -> str:
