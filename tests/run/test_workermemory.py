@@ -118,7 +118,7 @@ def test_an_ingest_task_of_oncemore_s_own_workers_converts_arrow_without_pandas_
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     if own:
-        assert lines[:2] == ["refused: No module named 'pandas' in an oncemore ingest task (run/workermemory.py)",
+        assert lines[:2] == ["refused: No module named 'pandas' in an oncemore task (run/workermemory.py)",
                              "False"]
     else:  # a worker of another session (a Connect server's) keeps pandas
         assert lines[:2] == ["imported inside", "True"]

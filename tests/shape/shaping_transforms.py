@@ -5,7 +5,9 @@ from pyspark.sql import functions as F
 
 
 def upper_customers(records: DataFrame) -> DataFrame:
-    return records.withColumn("customer", F.upper("customer"))
+    """A pandas UDF: it runs in the workers that read and write the records (run/jobs.py keeps pandas there)."""
+    upper = F.pandas_udf(lambda customers: customers.str.upper(), "string")
+    return records.withColumn("customer", upper("customer"))
 
 
 def twice_through_an_rdd(records: DataFrame) -> DataFrame:

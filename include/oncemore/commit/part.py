@@ -1,8 +1,8 @@
-"""The driver side of one part of a batch: from what its tasks read and wrote to its two commits.
+"""The run's side of one part of a batch: from what its tasks read and wrote to its two commits.
 
-Shared by both ways records travel: the run calls it with the ingest tasks' RangeResults, the sink
-calls it from Spark's driver-side ``commit(messages)`` with the staged RangeResults of the reading
-tasks and the files its writing tasks report (run/deltasink.py). Either way:
+Shared by both ways records travel (run/jobs.py): the run calls it with the ingest tasks'
+RangeResults, or with the staged RangeResults of the reading tasks and the files the sink's tasks
+report (run/deltasink.py). Either way:
 
 - per partition, the part covers the ranges read without a hole from its start (a range cut short
   by a byte budget or a newer writer schema ends it; files of ranges after the cut are deleted);

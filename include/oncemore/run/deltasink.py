@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -99,13 +100,17 @@ def sink_options(part: Part, table_schema: pa.Schema, expectations: list[dict], 
 
 class SinkTasks:
     """What ``mapInArrow`` runs over the shaped rows of a Spark task (sink_options): their files
-    written, and one row (MESSAGE_SCHEMA) saying what they hold."""
+    written, and one row (MESSAGE_SCHEMA) saying what they hold. ``without_pandas``: the job runs
+    no Python but oncemore's (run/workermemory.pandas_kept_out)."""
 
-    def __init__(self, options: dict[str, str]):
-        self.options = options
+    def __init__(self, options: dict[str, str], without_pandas: bool):
+        self.options, self.without_pandas = options, without_pandas
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        written = _SinkTask(self.options).write(batches)
+        from oncemore.run.workermemory import pandas_kept_out
+
+        with pandas_kept_out() if self.without_pandas else nullcontext():
+            written = _SinkTask(self.options).write(batches)
         yield pa.RecordBatch.from_pylist([{"written": written.to_json()}], schema=MESSAGE_SCHEMA)
 
 

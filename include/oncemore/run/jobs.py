@@ -28,7 +28,7 @@ from typing import Callable
 
 from oncemore.commit.inputs import Part, RangeResult
 from oncemore.commit.part import PartOutcome, Written
-from oncemore.config.model import Pipeline
+from oncemore.config.model import Pipeline, PythonTransform
 from oncemore.core import hours
 from oncemore.core.coordinates import KafkaPartition, OffsetRange
 from oncemore.core.errors import TaskFailed, root_cause
@@ -83,7 +83,9 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
     try:
         options = {**reading_options(pipeline, spec, groups, budget), "staging": part.staging_id}
-        records = records_frame(spark, options, records_schema(spec))
+        # A transform in Python may hold pandas UDFs, which run in the same workers as oncemore's functions.
+        without_pandas = not isinstance(pipeline.transform, PythonTransform)
+        records = records_frame(spark, options, records_schema(spec), without_pandas)
         shaped = shape(records)
         keeps_rows = reads_records(shaped)
         if not keeps_rows:
@@ -94,7 +96,7 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
             shaped = records
         expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations] if keeps_rows else []
         write = SinkTasks(sink_options(part, spec.table_schema, expectations, keeps_rows, spec.quarantine_floors,
-                                       spec.storage_options))
+                                       spec.storage_options), without_pandas)
         try:
             rows = shaped.mapInArrow(write, "written string").collect()
         except Exception as exc:  # a task's error, or its Python worker died

@@ -31,6 +31,7 @@ registry clients, Arrow) is imported by the reading task, not here.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Iterator
@@ -210,13 +211,14 @@ def records_schema(spec: TaskSpec) -> pa.Schema:
     return nullable(decoded_columns(spec.records, spec.value_registry, spec.key_registry))
 
 
-def records_frame(spark, options: dict[str, str], schema: pa.Schema):
+def records_frame(spark, options: dict[str, str], schema: pa.Schema, without_pandas: bool = False):
     """The records of option ``tasks`` as a DataFrame of ``schema`` (records_schema), read by
     ``RecordsTasks``: the DataFrame a transform reads as the view ``records``."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     count = len(json.loads(options["tasks"]))
-    return spark.range(0, count, 1, max(count, 1)).mapInArrow(RecordsTasks(options), from_arrow_schema(schema))
+    read = RecordsTasks(options, without_pandas)
+    return spark.range(0, count, 1, max(count, 1)).mapInArrow(read, from_arrow_schema(schema))
 
 
 class RecordsTasks:
@@ -226,16 +228,20 @@ class RecordsTasks:
     the run takes it after the job (run/jobs.py); without that option (``oncemore check --sample``)
     nothing is written: no RangeResult, and no quarantine row (its quarantine floors are then the
     ranges' ends). Spark's plan names it (``MapInArrow RecordsTasks(id)``): shape/transform.py
-    finds there whether a transform reads the records, and how."""
+    finds there whether a transform reads the records, and how. ``without_pandas``: the job runs
+    no Python but oncemore's (workermemory.pandas_kept_out)."""
 
-    def __init__(self, options: dict[str, str]):
-        self.options = options
+    def __init__(self, options: dict[str, str], without_pandas: bool):
+        self.options, self.without_pandas = options, without_pandas
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tasks = TaskRanges(self.options)
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                yield from self._read(tasks, tasks.tasks[index])
+        from oncemore.run.workermemory import pandas_kept_out
+
+        with pandas_kept_out() if self.without_pandas else nullcontext():
+            tasks = TaskRanges(self.options)
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    yield from self._read(tasks, tasks.tasks[index])
 
     def _read(self, tasks: TaskRanges, ranges: list[tuple[str, int, int, int]]) -> Iterator[pa.RecordBatch]:
         from oncemore.commit.inputs import RangeResult

@@ -38,7 +38,7 @@ SESSION_CONF = {
 # The environment of the Python workers of a session oncemore starts (spark.executorEnv.*: on a
 # cluster, its executors' too), each unless the driver's own environment sets it: Arrow's memory from
 # the system's allocator, glibc's malloc in two arenas rather than one per thread (the Kafka client's
-# among them), and the mark that lets an ingest task keep pandas out (workermemory.py). A value set
+# among them), and the mark that lets a task keep pandas out (workermemory.py). A value set
 # as spark.executorEnv.* in spark-defaults.conf is replaced. A 1 M-record run's tree peaked ~70 MiB
 # lower with the first two, ~60 lower again with the third (docs/performance.md, "Memory beside the peer").
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", OWN_WORKERS_ENV: "1"}

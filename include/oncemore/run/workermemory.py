@@ -1,5 +1,5 @@
 """A Spark Python worker's memory from one task to the next: what a task that reads Kafka runs
-under (``task_memory``), and an ingest task's worker without pandas (``pandas_kept_out``).
+under (``task_memory``), and a task's worker without pandas (``pandas_kept_out``).
 
 Invariant: whatever a task did, the worker it leaves behind has Python's cyclic garbage collector
 on (a Python worker's default), can import pandas, and holds no more memory than the next task
@@ -65,17 +65,18 @@ def pandas_kept_out() -> Iterator[None]:
     pyarrow imports pandas on its first conversion of Python or NumPy values (``pa.array``,
     ``to_pylist``, ``to_numpy``), only to recognise pandas objects: refused, it converts without.
     pandas took 44 MiB of each task worker, a third of its imports (a replayed task's imports: 122
-    MiB with it, 78 without; docs/performance.md, "Memory beside the peer"). For the ingest job's
-    tasks (run/kafkasource.IngestTasks): nothing else runs Python in that job. A transform's job
-    keeps pandas: its Python may hold pandas UDFs, which run in the same workers.
+    MiB with it, 78 without; docs/performance.md, "Memory beside the peer"). For the tasks of jobs
+    where no other Python runs: the ingest job's (run/kafkasource.IngestTasks), and a shaped job's
+    (RecordsTasks, run/deltasink.SinkTasks) unless its transform is Python, whose pandas UDFs would
+    run in the same workers.
 
     A later task of the worker imports pandas as usual, but pyarrow, once refused, remembers: until
     a conversion to pandas (``to_pandas``) has it import pandas again, it takes a pandas object
     given to ``pa.array``/``from_pandas`` for a plain sequence (NaN stays NaN, a categorical becomes
     its values, a nullable ``Int64`` Series fails). PySpark's pandas UDFs convert their input with
     ``to_pandas`` first, and ``oncemore run`` runs one pipeline per session (a pipeline with a
-    transform never runs this job), so no oncemore run meets it; a process that keeps one session
-    for other jobs after an ingest (an embedding application) can, and can unset the variable."""
+    Python transform never keeps pandas out), so no oncemore run meets it; a process that keeps one
+    session for other jobs after a run (an embedding application) can, and can unset the variable."""
     keep_out = os.environ.get(OWN_WORKERS_ENV) == "1" and "pandas" not in sys.modules
     if keep_out:
         sys.meta_path.insert(0, _WITHOUT_PANDAS)
@@ -91,7 +92,7 @@ class _WithoutPandas(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError(f"No module named {name!r} in an oncemore ingest task (run/workermemory.py)",
+            raise ModuleNotFoundError(f"No module named {name!r} in an oncemore task (run/workermemory.py)",
                                       name=name)
         return None
 
