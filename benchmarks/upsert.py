@@ -32,7 +32,7 @@ after, checked: the count expected, no id twice, every id an event touched as th
 ``--cluster`` (issue 37 §4: 10 M change events over a 100 M-row table on two workers, the
 defaults then): on a Spark standalone cluster of two one-core workers
 (devtools/sparkcluster.py), the uniform case twice on two copies of the table (hard links) with
-the same events: ``upsert.merge: local`` (delta-rs's MERGE in the sink's Python worker) and
+the same events: ``upsert.merge: local`` (delta-rs's MERGE in the run's process) and
 ``upsert.merge: cluster`` (the touched files rewritten by the executors' tasks, committed by the
 run's process, commit/copyonwrite.py). Beside the figures above, each executor's JVM and Python
 workers' peaks (backfill.py's MemorySamples).
@@ -504,10 +504,10 @@ def main() -> None:
     for handler in logging.getLogger().handlers:  # oncemore's INFO lines reach ClusterMergeLines alone
         handler.setLevel(logging.WARNING)
     logging.getLogger("oncemore").addHandler(ClusterMergeLines())
-    # Hot first: Spark's JVM and its Python workers (the commit's too) are reused and keep what
-    # they grew to, so the uniform case's peaks are its own, not the hot case's. With --cluster,
-    # cluster first: its commit runs in this process, whose RSS keeps what a case's check after
-    # the run grew it to (the local case's commit runs in a Python worker of its own).
+    # Hot first: Spark's JVM, its Python workers and this process (which commits) are reused and
+    # keep what they grew to, so the uniform case's peaks are its own, not the hot case's. With
+    # --cluster, cluster first, as before the local MERGE moved into this process: its figures stay
+    # comparable with the ones docs/performance.md gives.
     cases = ["cluster", "local"] if args.cluster else ([] if args.no_hot else ["hot"]) + ["uniform"]
     sequenced = not args.no_sequence
     work = tempfile.mkdtemp(prefix="oncemore-upsert-")

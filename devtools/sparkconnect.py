@@ -20,7 +20,6 @@ from typing import Mapping, Sequence
 
 from devtools.kafkabroker import free_port, wait_listening
 from devtools.processes import stop_process
-from oncemore.core import crashpoints
 from oncemore.core.redaction import SPARK_CONF_REGEX
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -28,15 +27,12 @@ WORKER_DAEMON = "oncemore.run.workerdaemon"
 
 
 class ConnectServer:
-    def __init__(self, port: int, master: str, log_dir: str, fault_steps: str | None = None,
+    def __init__(self, port: int, master: str, log_dir: str,
                  jars: Sequence[str | os.PathLike] = (), conf: Mapping[str, str] | None = None):
         self.port, self.master, self.log_dir = port, master, log_dir
         # More jars on the server's classpath (spark-submit --jars) and Spark settings of the
         # server's: a session of another engine's (delta-spark, sparkjars.py), kept across restarts.
         self.jars, self.conf = [str(j) for j in jars], dict(conf or {})
-        # Steps (core/crashpoints.py) at which the whole server dies, its JVM and Python workers: a test's
-        # server that crashes in the middle of a run's commit. Set to None before a restart.
-        self.fault_steps = fault_steps
         self.process: subprocess.Popen | None = None
 
     @property
@@ -72,15 +68,9 @@ class ConnectServer:
                    *(["--jars", ",".join(self.jars)] if self.jars else []),
                    *[part for key, value in self.conf.items() for part in ("--conf", f"{key}={value}")],
                    "spark-internal"]
-        if self.fault_steps:
-            # The server leads a process group of its own, which crashpoints.reach kills: the group's
-            # id is the server's pid, known to a shell that then becomes the server.
-            env[crashpoints.FAULTS_ENV] = self.fault_steps
-            command = ["/bin/sh", "-c", f'{crashpoints.GROUP_ENV}=$$; export {crashpoints.GROUP_ENV}; exec "$0" "$@"', *command]
         self.event_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=bool(self.fault_steps))
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_listening(self.process, self.port, f"Spark Connect server (log: {self.log_path})", seconds)
         return self
 
@@ -96,11 +86,10 @@ class ConnectServer:
 
 
 def start_connect_server(master: str = "local[2]", port: int | None = None, log_dir: str | None = None,
-                         fault_steps: str | None = None, jars: Sequence[str | os.PathLike] = (),
+                         jars: Sequence[str | os.PathLike] = (),
                          conf: Mapping[str, str] | None = None) -> ConnectServer:
     """A Connect server on 127.0.0.1 (a free port unless ``port``), accepting sessions on return;
-    ``fault_steps``: steps at which it dies whole (ConnectServer.fault_steps); ``jars`` and ``conf``:
-    more jars for its classpath and Spark settings (sparkjars.start_delta_connect_server's Delta)."""
+    ``jars`` and ``conf``: more jars for its classpath and Spark settings (sparkjars.start_delta_connect_server's Delta)."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="oncemore-connect-")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    return ConnectServer(port or free_port(), master, log_dir, fault_steps, jars, conf).start()
+    return ConnectServer(port or free_port(), master, log_dir, jars, conf).start()

@@ -9,8 +9,8 @@
   RangeResults through the part's staging area (staging.py); the run commits them alike (an
   upsert whose MERGE runs on the cluster with the cluster's rewrite, rewritejob.py).
 
-Either way each job is a ``mapInArrow`` over one row per task, planned by the JVM alone, and the
-part's commits are made in the run's own process: wherever its Spark runs (local, a cluster, a
+Either way the reading is a ``mapInArrow`` over one row per task (the sink's, over the shaped
+rows), planned by the JVM alone, and the part's commits are made in the run's own process: wherever its Spark runs (local, a cluster, a
 Spark Connect server), no commit is made anywhere else.
 
 A job that fails names the ranges of the task that failed where Spark names the task's index

@@ -26,8 +26,9 @@ MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
 
 # Session settings every oncemore job relies on. librdkafka, registry and storage settings travel
-# as data source options (kafka.*, registry.*, storage.*): every one not known harmless is masked in
-# plans, logs and the UI (redaction.py). All are runtime SQL settings, so a Spark Connect session
+# inside the tasks' functions, and as data source options (kafka.*, storage.*) where a Data Source
+# reads (oncemore_kafka, verify's scans): every one not known harmless is masked in plans, logs and
+# the UI (redaction.py). All are runtime SQL settings, so a Spark Connect session
 # sets them on a server that was started without them.
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",

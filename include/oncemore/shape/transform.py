@@ -176,7 +176,9 @@ def _function(spec: str) -> Callable:
 def reads_records(frame) -> bool:
     """Whether running ``frame`` reads the records: Spark's optimizer drops the scan of rows it
     proves are never kept (``WHERE 1 = 0``), and then no record would be read or accounted."""
-    return RECORDS_NODE in _explained(frame, "Optimized Logical Plan", "Physical Plan")
+    plan = _explained(frame, "Optimized Logical Plan", "Physical Plan")
+    nodes = (_NODE.match(line) for line in plan.splitlines())
+    return any(node and (node.group(2) + node.group(3)).startswith(RECORDS_NODE) for node in nodes)
 
 
 def _analyzed(frame) -> str:
