@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -46,7 +45,6 @@ from oncemore.core.columns import (
     TOPIC_COLUMN,
     VERDICT_PREFIX,
     change_schema,
-    schema_from_text,
 )
 from oncemore.core.errors import OncemoreError
 from oncemore.core.stopwatch import Stopwatch
@@ -84,44 +82,28 @@ class WrittenFiles:
         return cls(**json.loads(text))
 
 
-def sink_options(part: Part, table_schema: pa.Schema, expectations: list[dict], keep_rows: bool,
-                 floors: dict[str, int], storage: dict[str, str]) -> dict[str, str]:
-    """What ``SinkTasks`` takes: ``part`` (commit.inputs.Part JSON), ``tableSchema`` (Arrow IPC,
-    base64), ``expectations`` ([{name, on_fail}], in the order of their verdict columns),
-    ``keepRows`` (false: the rows are the records, read only for the quarantine, none kept),
-    ``floors`` ({"topic/partition": offset}: the quarantine table's positions), ``storage.<KEY>``."""
-    from oncemore.core.columns import schema_text
-
-    options = {"part": part.to_json(), "tableSchema": schema_text(table_schema), "expectations": json.dumps(expectations),
-               "keepRows": json.dumps(keep_rows), "floors": json.dumps(floors)}
-    options.update((f"storage.{key}", value) for key, value in storage.items())
-    return options
-
-
+@dataclass(frozen=True)
 class SinkTasks:
-    """What ``mapInArrow`` runs over the shaped rows of a Spark task (sink_options): their files
-    written, and one row (MESSAGE_SCHEMA) saying what they hold. ``without_pandas``: the job runs
-    no Python but oncemore's (run/workermemory.pandas_kept_out)."""
+    """What ``mapInArrow`` runs over the shaped rows of a Spark task: their files written, and one
+    row (MESSAGE_SCHEMA) saying what they hold. ``expectations``: [{name, on_fail}], in the order
+    of their verdict columns; ``keep_rows`` false: the rows are the records, read only for the
+    quarantine, none kept; ``floors``: the quarantine table's positions, by ``topic/partition``;
+    ``without_pandas``: the job runs no Python but oncemore's (run/workermemory.pandas_kept_out)."""
 
-    def __init__(self, options: dict[str, str], without_pandas: bool):
-        self.options, self.without_pandas = options, without_pandas
+    part: Part
+    table_schema: pa.Schema
+    expectations: list[dict]
+    keep_rows: bool
+    floors: dict[str, int]
+    storage: dict[str, str]
+    without_pandas: bool
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from oncemore.run.workermemory import pandas_kept_out
 
-        with pandas_kept_out() if self.without_pandas else nullcontext():
-            written = _SinkTask(self.options).write(batches)
+        with pandas_kept_out(self.without_pandas):
+            written = self.write(batches)
         yield pa.RecordBatch.from_pylist([{"written": written.to_json()}], schema=MESSAGE_SCHEMA)
-
-
-class _SinkTask:
-    def __init__(self, options):
-        self.part = Part.from_json(options["part"])
-        self.table_schema = schema_from_text(options["tableSchema"])
-        self.expectations = json.loads(options["expectations"])
-        self.keep_rows = json.loads(options["keepRows"])
-        self.floors = json.loads(options["floors"])
-        self.storage = {k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")}
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
         if not self.keep_rows:

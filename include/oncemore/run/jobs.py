@@ -77,7 +77,7 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
     RangeResults (from the part's staging area), the sink tasks' Written, and for an upsert whose
     MERGE runs on the cluster its ClusterRewrite (else None). The staging area, which also holds an
     upsert's change rows, is removed once ``commit`` returns or anything fails."""
-    from oncemore.run.deltasink import SinkTasks, WrittenFiles, sink_options
+    from oncemore.run.deltasink import SinkTasks, WrittenFiles
     from oncemore.run.kafkasource import records_frame, records_schema
 
     staging = Staging(part.quarantine_uri, part.staging_id, spec.storage_options)
@@ -95,8 +95,8 @@ def shaped_job(spark, pipeline: Pipeline, spec: TaskSpec, groups: list[list[Offs
                      "for the quarantine table only", pipeline.name)
             shaped = records
         expectations = [{"name": e.name, "on_fail": e.on_fail} for e in pipeline.expectations] if keeps_rows else []
-        write = SinkTasks(sink_options(part, spec.table_schema, expectations, keeps_rows, spec.quarantine_floors,
-                                       spec.storage_options), without_pandas)
+        write = SinkTasks(part, spec.table_schema, expectations, keeps_rows, spec.quarantine_floors,
+                          spec.storage_options, without_pandas)
         try:
             rows = shaped.mapInArrow(write, "written string").collect()
         except Exception as exc:  # a task's error, or its Python worker died

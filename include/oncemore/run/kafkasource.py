@@ -31,7 +31,6 @@ registry clients, Arrow) is imported by the reading task, not here.
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Iterator
@@ -237,7 +236,7 @@ class RecordsTasks:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from oncemore.run.workermemory import pandas_kept_out
 
-        with pandas_kept_out() if self.without_pandas else nullcontext():
+        with pandas_kept_out(self.without_pandas):
             tasks = TaskRanges(self.options)
             for batch in batches:
                 for index in batch.column(0).to_pylist():

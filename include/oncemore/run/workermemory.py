@@ -58,9 +58,9 @@ def task_memory() -> Iterator[None]:
 
 
 @contextmanager
-def pandas_kept_out() -> Iterator[None]:
-    """Within, pandas cannot be imported, if this is a worker of a session oncemore started
-    (``OWN_WORKERS_ENV``) and pandas was not imported yet; as before once the task ends.
+def pandas_kept_out(wanted: bool = True) -> Iterator[None]:
+    """Within, pandas cannot be imported, if ``wanted``, this is a worker of a session oncemore
+    started (``OWN_WORKERS_ENV``) and pandas was not imported yet; as before once the task ends.
 
     pyarrow imports pandas on its first conversion of Python or NumPy values (``pa.array``,
     ``to_pylist``, ``to_numpy``), only to recognise pandas objects: refused, it converts without.
@@ -77,7 +77,7 @@ def pandas_kept_out() -> Iterator[None]:
     ``to_pandas`` first, and ``oncemore run`` runs one pipeline per session (a pipeline with a
     Python transform never keeps pandas out), so no oncemore run meets it; a process that keeps one
     session for other jobs after a run (an embedding application) can, and can unset the variable."""
-    keep_out = os.environ.get(OWN_WORKERS_ENV) == "1" and "pandas" not in sys.modules
+    keep_out = wanted and os.environ.get(OWN_WORKERS_ENV) == "1" and "pandas" not in sys.modules
     if keep_out:
         sys.meta_path.insert(0, _WITHOUT_PANDAS)
     try:
