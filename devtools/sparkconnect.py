@@ -21,9 +21,9 @@ from typing import Mapping, Sequence
 from devtools.kafkabroker import free_port, wait_listening
 from devtools.processes import stop_process
 from oncemore.core.redaction import SPARK_CONF_REGEX
+from oncemore.run.session import WORKER_DAEMON
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-WORKER_DAEMON = "oncemore.run.workerdaemon"
 
 
 class ConnectServer:

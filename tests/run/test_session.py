@@ -1,15 +1,17 @@
 """The driver JVM of a session oncemore starts: a serial collector whose young generation starts
-small, unless the user gives the JVM options of their own."""
+small, unless the user gives the JVM options of their own; and its Python workers' daemon, with
+PySpark imported from its installed package."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pyspark
 import pytest
 from pyspark import SparkContext
 
-from oncemore.run import classarchive, session
+from oncemore.run import classarchive, session, workerdaemon
 
 
 @pytest.mark.spark
@@ -47,3 +49,47 @@ def test_jvm_options_of_the_user_leave_the_driver_jvm_s_memory_to_them(monkeypat
         (spark_home / "conf" / name).unlink()
     monkeypatch.setattr(classarchive, "java_options", lambda version, home: None)
     assert session.driver_java_options() == session.DRIVER_JVM_MEMORY
+
+
+@pytest.mark.spark
+def test_the_python_workers_of_a_local_session_fork_from_oncemores_daemon_and_import_pyspark_from_its_package(spark):
+    def where_workers_import_from(batches):
+        import sys
+
+        import pyarrow as pa
+        import pyspark
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+            parent = cmdline.read().replace(b"\0", b" ").decode()
+        archives = [p for p in [*sys.path, *sys.path_importer_cache] if "pyspark.zip" in p or ".jar" in p]
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"parent": parent, "pyspark": pyspark.__file__, "archives": archives}])
+
+    rows = spark.range(0, 2, 1, 2).mapInArrow(where_workers_import_from,
+                                              "parent string, pyspark string, archives array<string>").collect()
+
+    assert len(rows) == 2
+    for row in rows:
+        assert f"-m {session.WORKER_DAEMON}" in row.parent
+        assert row.pyspark == pyspark.__file__  # the installed package, as this process imports it
+        assert row.archives == []  # Spark's pyspark.zip and its jar: off the path, and no importer of theirs left
+
+
+def test_the_daemon_takes_off_the_path_only_what_the_installed_pyspark_package_also_holds(monkeypatch, tmp_path):
+    site = tmp_path / "site-packages"
+    (site / "pyspark").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    installed_zip = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
+    installed_py4j = str(site / "pyspark" / "python" / "lib" / "py4j-0.10.9.9-src.zip")
+    installed_jar = str(site / "pyspark" / "jars" / "spark-core_2.13-4.2.0.jar")
+    # A Spark distribution of its own: the code its JVM speaks to, whatever is installed beside.
+    distribution_zip, distribution_jar = "/opt/spark/python/lib/pyspark.zip", "/opt/spark/jars/spark-core_2.13-4.2.0.jar"
+    monkeypatch.setattr(sys, "path", [installed_zip, installed_py4j, installed_jar, distribution_zip, distribution_jar,
+                                      str(site)])
+    monkeypatch.setattr(sys, "path_importer_cache", {installed_zip: object(), f"{installed_jar}/org": object(),
+                                                     distribution_zip: object(), str(site): object()})
+
+    workerdaemon.installed_pyspark_first()
+
+    assert sys.path == [installed_py4j, distribution_zip, distribution_jar, str(site)]
+    assert list(sys.path_importer_cache) == [distribution_zip, str(site)]

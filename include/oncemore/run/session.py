@@ -20,10 +20,11 @@ from typing import Iterator
 from oncemore.core.errors import SparkConnectError
 from oncemore.core.redaction import SPARK_CONF_REGEX, spark_options_regex, spark_statement_regex
 from oncemore.run import classarchive, connectslots
-from oncemore.run.workermemory import OWN_WORKERS_ENV
+from oncemore.run.workerdaemon import OWN_WORKERS_ENV
 
 MASTER_ENV = "ONCEMORE_SPARK_MASTER"
 REMOTE_ENV = "SPARK_REMOTE"  # PySpark's own: a Spark Connect server (sc://host:15002)
+WORKER_DAEMON = "oncemore.run.workerdaemon"
 
 # Session settings every oncemore job relies on. librdkafka, registry and storage settings travel
 # inside the tasks' functions, and as data source options (kafka.*, storage.*) where a Data Source
@@ -89,6 +90,12 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
     java_options = driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if master and master.startswith("local") and starts_jvm():
+        # Its Python workers run here, where this package imports: they fork from oncemore's daemon
+        # (workerdaemon.py: PySpark from its installed package, not Spark home's zip).
+        package_parent = str(Path(__file__).resolve().parents[2])
+        builder = (builder.config("spark.python.daemon.module", WORKER_DAEMON)
+                   .config("spark.executorEnv.PYTHONPATH", package_parent))
     with output_to(output):
         spark = builder.getOrCreate()
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
@@ -133,14 +140,21 @@ def driver_java_options() -> str | None:
     archive's (classarchive.py); None when there are none, or no JVM is started here (one runs
     already, or spark-submit started it)."""
     import pyspark
-    from pyspark import SparkContext
 
-    if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+    if not starts_jvm():
         return None
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     options = [None if jvm_options_are_users(spark_home) else DRIVER_JVM_MEMORY,
                classarchive.java_options(pyspark.__version__, spark_home)]
     return " ".join(o for o in options if o) or None
+
+
+def starts_jvm() -> bool:
+    """Whether the session about to start starts its driver JVM in this process: none runs yet, and
+    spark-submit did not start one for it."""
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
 
 
 def jvm_options_are_users(spark_home: str) -> bool:

@@ -1,16 +1,30 @@
-"""The Python worker daemon of a resident Spark (the Connect server: ``spark.python.daemon.module=
-oncemore.run.workerdaemon``): PySpark's own daemon, which forks a Python worker per task slot, with
-the libraries every oncemore task imports already loaded, so a forked worker inherits them.
+"""The Python worker daemon of oncemore's Spark (``spark.python.daemon.module=oncemore.run.workerdaemon``:
+a session ``oncemore run`` starts on a local master, the Connect server): PySpark's own daemon, which
+forks a Python worker per task slot, with PySpark imported from its installed package, and on a
+resident Spark the libraries every oncemore task imports already loaded.
+
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` ahead of everything on its workers' path. Where
+that Spark home is the pyspark package installed beside (pip's), the zip holds the same modules
+without their compiled bytecode: the daemon and each worker compiled PySpark's modules again
+(``import pyspark.worker`` took 0.65 s from the zip, 0.11 s from the package), and each worker's
+first task re-read the zip's directory once for every package it had imported from it (Python
+3.11's zipimport, on PySpark's ``importlib.invalidate_caches()``), and of Spark's own jar, which
+Spark puts there too and which holds no Python: 55-110 ms. Measured, a 1 M-record
+``oncemore run`` on ``local[2]``: 8.0-8.2 s against 8.5-8.9 s, and its Python workers 7-12 MiB
+smaller (docs/performance.md, "Where a run's fixed time goes"). A Spark home of its own (a cluster's
+distribution) keeps its zip: that is the code its JVM speaks to.
 
 Spark stops a Python worker after a minute idle (a fixed interval in its PythonWorkerFactory), so
 every hourly run on a warm server started new workers, and each paid these imports again: pandas
 alone, which pyarrow imports on the first ``pa.array``, took 0.2-0.3 s of a task's first read
-(measured, benchmarks/fixed_cost.py "after idle").
+(measured, benchmarks/fixed_cost.py "after idle"). A session oncemore starts (``OWN_WORKERS_ENV``)
+has its daemon for one run: it loads nothing before forking, as its workers import what their
+tasks need (an ingest task no pandas), and the daemon's own memory would count on top.
 
 Invariant: no oncemore module stays loaded in the daemon. A worker imports oncemore from what its
-client session shipped (the package zip, an artifact), never from the server's own copy, whatever
-version either is: ``python -m`` imported the package to run this module, and it is forgotten
-before the first fork.
+session shipped (the package zip, an artifact), never from the daemon's own copy, whatever version
+either is: ``python -m`` imported the package to run this module, and it is forgotten before the
+first fork.
 
 Forking after these imports is safe. PySpark's own daemon imports after the fork because it cannot
 know what a worker imports, and some libraries start threads. Of these, numpy's OpenBLAS starts
@@ -21,12 +35,32 @@ the daemon holds those two threads, each forked worker one.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
+# Set for the Python workers of a session oncemore starts (run/session.py), never on a Spark Connect
+# server's, which other users' jobs share: see this module's docstring and workermemory.pandas_kept_out.
+OWN_WORKERS_ENV = "ONCEMORE_OWN_WORKERS"
 # What a task of each oncemore source imports whatever the pipeline's formats (tasks, records,
 # the json decoder, the file writer), and PySpark's worker, which its daemon would import in every fork.
 PRELOADED = ("pyspark.worker", "numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.fs", "pyarrow.json",
              "pyarrow.parquet", "confluent_kafka")
+
+
+def installed_pyspark_first() -> None:
+    """Takes off the path what Spark put there from a Spark home that is the pyspark package of a
+    directory on the path (the module docstring): its ``python/lib/pyspark.zip``, so PySpark imports
+    from the package, and its jars, which hold no Python; and forgets their importers, each of which
+    re-reads its archive's directory on every ``importlib.invalidate_caches()``."""
+    installed = {Path(d, "pyspark") for d in sys.path if Path(d, "pyspark", "__init__.py").is_file()}
+    for entry in list(sys.path):
+        path = Path(entry)
+        if ((path.name == "pyspark.zip" and path.parent.parent.parent in installed)
+                or (path.suffix == ".jar" and path.parent.name == "jars" and path.parent.parent in installed)):
+            sys.path.remove(entry)
+            for cached in [k for k in sys.path_importer_cache if k == entry or k.startswith(entry + os.sep)]:
+                del sys.path_importer_cache[cached]
 
 
 def preload() -> None:
@@ -35,12 +69,20 @@ def preload() -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
+    forget_oncemore()
+
+
+def forget_oncemore() -> None:
     for name in [n for n in sys.modules if n == "oncemore" or n.startswith("oncemore.")]:
         del sys.modules[name]
 
 
 if __name__ == "__main__":
-    preload()
+    installed_pyspark_first()
+    if os.environ.get(OWN_WORKERS_ENV) == "1":
+        forget_oncemore()
+    else:
+        preload()
     from pyspark import daemon
 
     daemon.manager()

@@ -19,9 +19,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-# Set for the Python workers of a session oncemore starts (run/session.py), never on a Spark Connect
-# server's, which other users' jobs share: see pandas_kept_out.
-OWN_WORKERS_ENV = "ONCEMORE_OWN_WORKERS"
+from oncemore.run.workerdaemon import OWN_WORKERS_ENV
 
 
 @contextmanager
