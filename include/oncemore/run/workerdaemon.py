@@ -3,16 +3,16 @@ a session ``oncemore run`` starts on a local master, the Connect server): PySpar
 forks a Python worker per task slot, with PySpark imported from its installed package, and on a
 resident Spark the libraries every oncemore task imports already loaded.
 
-Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` ahead of everything on its workers' path. Where
-that Spark home is the pyspark package installed beside (pip's), the zip holds the same modules
-without their compiled bytecode: the daemon and each worker compiled PySpark's modules again
-(``import pyspark.worker`` took 0.65 s from the zip, 0.11 s from the package), and each worker's
-first task re-read the zip's directory once for every package it had imported from it (Python
-3.11's zipimport, on PySpark's ``importlib.invalidate_caches()``), and of Spark's own jar, which
-Spark puts there too and which holds no Python: 55-110 ms. Measured, a 1 M-record
-``oncemore run`` on ``local[2]``: 8.0-8.2 s against 8.5-8.9 s, and its Python workers 7-12 MiB
-smaller (docs/performance.md, "Where a run's fixed time goes"). A Spark home of its own (a cluster's
-distribution) keeps its zip: that is the code its JVM speaks to.
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip``, and the jar of its own classes, ahead of
+everything on its workers' path. Where that Spark home is the pyspark package installed beside
+(pip's), the zip holds the same modules without their compiled bytecode: the daemon and each worker
+compiled PySpark's modules again (``import pyspark.worker`` took 0.65 s from the zip, 0.11 s from
+the package), and each worker's first task re-read the directories of the zip and of the jar, which
+holds no Python, once for every package imported through them (Python 3.11's zipimport, on PySpark's
+``importlib.invalidate_caches()``). Measured, a 1 M-record ``oncemore run`` on ``local[2]``: 8.4-9.2 s
+against 9.1-9.7 s, each task worker 15-20 MiB smaller and the daemon 12 (docs/performance.md, "The
+workers' PySpark"). A Spark home of its own (a cluster's distribution) keeps its zip and jar: that
+is the code its JVM speaks to.
 
 Spark stops a Python worker after a minute idle (a fixed interval in its PythonWorkerFactory), so
 every hourly run on a warm server started new workers, and each paid these imports again: pandas
