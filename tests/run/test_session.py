@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import sys
+import zipimport
+from pathlib import Path
 
 import pyspark
 import pytest
 from pyspark import SparkContext
 
 from oncemore.run import classarchive, session, workerdaemon
+
+INCLUDE = Path(session.__file__).resolve().parents[2]
 
 
 @pytest.mark.spark
@@ -61,35 +65,94 @@ def test_the_python_workers_of_a_local_session_fork_from_oncemores_daemon_and_im
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
             parent = cmdline.read().replace(b"\0", b" ").decode()
+        with open(f"/proc/{os.getppid()}/maps") as maps:
+            libraries = sorted({name for name in ("librdkafka", "libarrow", "pandas") if name in maps.read()})
         archives = [p for p in [*sys.path, *sys.path_importer_cache] if "pyspark.zip" in p or ".jar" in p]
         for _ in batches:
-            yield pa.RecordBatch.from_pylist([{"parent": parent, "pyspark": pyspark.__file__, "archives": archives}])
+            yield pa.RecordBatch.from_pylist([{"parent": parent, "pyspark": pyspark.__file__, "archives": archives,
+                                               "libraries": libraries}])
 
-    rows = spark.range(0, 2, 1, 2).mapInArrow(where_workers_import_from,
-                                              "parent string, pyspark string, archives array<string>").collect()
+    rows = spark.range(0, 2, 1, 2).mapInArrow(
+        where_workers_import_from, "parent string, pyspark string, archives array<string>, libraries array<string>").collect()
 
     assert len(rows) == 2
     for row in rows:
         assert f"-m {session.WORKER_DAEMON}" in row.parent
         assert row.pyspark == pyspark.__file__  # the installed package, as this process imports it
         assert row.archives == []  # Spark's pyspark.zip and its jar: off the path, and no importer of theirs left
+        assert row.libraries == []  # the daemon of a run's own session loads no library before it forks
+
+
+def installed_spark(site, version="4.2.0", jar_version="4.2.0"):
+    """A pip-installed pyspark in ``site``: the package, its Spark home's zip and jars."""
+    (site / "pyspark" / "jars").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    (site / "pyspark" / "version.py").write_text(f'__version__: str = "{version}"\n')
+    lib = site / "pyspark" / "python" / "lib"
+    return (str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"),
+            str(site / "pyspark" / "jars" / f"spark-core_2.13-{jar_version}.jar"))
 
 
 def test_the_daemon_takes_off_the_path_only_what_the_installed_pyspark_package_also_holds(monkeypatch, tmp_path):
     site = tmp_path / "site-packages"
-    (site / "pyspark").mkdir(parents=True)
-    (site / "pyspark" / "__init__.py").write_text("")
-    installed_zip = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
-    installed_py4j = str(site / "pyspark" / "python" / "lib" / "py4j-0.10.9.9-src.zip")
-    installed_jar = str(site / "pyspark" / "jars" / "spark-core_2.13-4.2.0.jar")
-    # A Spark distribution of its own: the code its JVM speaks to, whatever is installed beside.
-    distribution_zip, distribution_jar = "/opt/spark/python/lib/pyspark.zip", "/opt/spark/jars/spark-core_2.13-4.2.0.jar"
-    monkeypatch.setattr(sys, "path", [installed_zip, installed_py4j, installed_jar, distribution_zip, distribution_jar,
-                                      str(site)])
-    monkeypatch.setattr(sys, "path_importer_cache", {installed_zip: object(), f"{installed_jar}/org": object(),
-                                                     distribution_zip: object(), str(site): object()})
+    archive, py4j, jar = installed_spark(site)
+    users_jar = str(site / "pyspark" / "jars" / "graphframes.jar")  # a jar of the user's, which may hold Python
+    unreadable = str(tmp_path / ("x" * 300))  # stat() fails (File name too long): Python's imports pass it by
+    monkeypatch.setattr(sys, "path", [unreadable, archive, py4j, jar, users_jar, str(site)])
+    monkeypatch.setattr(sys, "path_importer_cache", {archive: object(), f"{jar}/org": object(), str(site): object()})
+    monkeypatch.setattr(zipimport, "_zip_directory_cache", {archive: {}, jar: {}, py4j: {}})
 
     workerdaemon.installed_pyspark_first()
 
-    assert sys.path == [installed_py4j, distribution_zip, distribution_jar, str(site)]
-    assert list(sys.path_importer_cache) == [distribution_zip, str(site)]
+    assert sys.path == [unreadable, py4j, users_jar, str(site)]
+    assert list(sys.path_importer_cache) == [str(site)]
+    assert list(zipimport._zip_directory_cache) == [py4j]
+
+
+@pytest.mark.parametrize("case", ["a distribution of its own", "another version installed", "through a symlink"])
+def test_the_daemon_tells_the_installed_package_by_its_resolved_path_and_its_version(case, monkeypatch, tmp_path):
+    site = tmp_path / "site-packages"
+    archive, py4j, jar = installed_spark(site, version="4.2.1" if case == "another version installed" else "4.2.0")
+    if case == "a distribution of its own":  # the code its JVM speaks to, whatever is installed beside
+        archive, jar = "/opt/spark/python/lib/pyspark.zip", "/opt/spark/jars/spark-core_2.13-4.2.0.jar"
+    path = [archive, py4j, jar, str(site)]
+    if case == "through a symlink":  # Spark's home resolved (find_spark_home), the path as given
+        (tmp_path / "link").symlink_to(site)
+        path[-1] = str(tmp_path / "link")
+    monkeypatch.setattr(sys, "path", list(path))
+    monkeypatch.setattr(sys, "path_importer_cache", {})
+
+    workerdaemon.installed_pyspark_first()
+
+    if case == "through a symlink":
+        assert sys.path == [py4j, path[-1]]
+    else:  # kept: the code its JVM speaks to
+        assert sys.path == path
+
+
+def test_a_session_s_workers_fork_from_oncemores_daemon_only_where_they_find_this_package_on_a_local_master(
+        monkeypatch, tmp_path):
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)  # as in a process about to start its JVM
+    for name in (*session.MASTER_NAMING_ENV, "PYSPARK_GATEWAY_PORT", "PYSPARK_PYTHON", "SPARK_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(INCLUDE))
+    monkeypatch.chdir(tmp_path)
+    assert session.workers_import_oncemore_here("local[2]")
+    assert session.workers_import_oncemore_here(None)  # Spark's default: local[*]
+    assert not session.workers_import_oncemore_here("spark://elsewhere:7077")  # executors may lack the package
+    for name in session.MASTER_NAMING_ENV:  # a master named there may be a cluster
+        with monkeypatch.context() as changed:
+            changed.setenv(name, "spark://elsewhere:7077" if name == "MASTER" else str(tmp_path))
+            assert not session.workers_import_oncemore_here(None), name
+            assert session.workers_import_oncemore_here("local[2]"), name
+    with monkeypatch.context() as changed:
+        changed.setenv("PYSPARK_PYTHON", "/usr/bin/python3")  # another interpreter: its own path and libraries
+        assert not session.workers_import_oncemore_here("local[2]")
+    with monkeypatch.context() as changed:
+        changed.setenv("PYTHONPATH", str(tmp_path))  # the package only on this process's sys.path
+        assert not session.workers_import_oncemore_here("local[2]")
+        changed.chdir(INCLUDE)  # as `python -m oncemore.cli` run from include/
+        assert session.workers_import_oncemore_here("local[2]")
+    with monkeypatch.context() as changed:
+        changed.setenv("PYSPARK_GATEWAY_PORT", "4321")  # spark-submit started the JVM, with its own settings
+        assert not session.workers_import_oncemore_here("local[2]")

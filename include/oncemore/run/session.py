@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import site
 import sys
 import tempfile
 import weakref
@@ -59,6 +60,9 @@ DRIVER_JVM_MEMORY = "-XX:+UseSerialGC -XX:NewSize=16m"
 USER_JVM_ENV = (*classarchive.JAVA_OPTIONS_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "SPARK_JAVA_OPTS",
                 "SPARK_DRIVER_MEMORY", "SPARK_MEM", "SPARK_CONF_DIR")
 USER_JVM_FILES = ("spark-defaults.conf", "spark-env.sh", "java-opts")
+# What may name a master where none is given here (spark-submit's MASTER, submit arguments, a
+# configuration directory; and Spark home's spark-defaults.conf): else Spark's default, local[*].
+MASTER_NAMING_ENV = ("MASTER", "PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR")
 
 
 def spark_session(master: str | None = None, remote: str | None = None, output: Path | None = None):
@@ -90,12 +94,8 @@ def spark_session(master: str | None = None, remote: str | None = None, output: 
     java_options = driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
-    if master and master.startswith("local") and starts_jvm():
-        # Its Python workers run here, where this package imports: they fork from oncemore's daemon
-        # (workerdaemon.py: PySpark from its installed package, not Spark home's zip).
-        package_parent = str(Path(__file__).resolve().parents[2])
-        builder = (builder.config("spark.python.daemon.module", WORKER_DAEMON)
-                   .config("spark.executorEnv.PYTHONPATH", package_parent))
+    if workers_import_oncemore_here(master):
+        builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
     with output_to(output):
         spark = builder.getOrCreate()
     if "oncemore" not in spark.conf.get("spark.submit.pyFiles", ""):
@@ -143,10 +143,29 @@ def driver_java_options() -> str | None:
 
     if not starts_jvm():
         return None
-    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
-    options = [None if jvm_options_are_users(spark_home) else DRIVER_JVM_MEMORY,
-               classarchive.java_options(pyspark.__version__, spark_home)]
+    options = [None if jvm_options_are_users(spark_home()) else DRIVER_JVM_MEMORY,
+               classarchive.java_options(pyspark.__version__, spark_home())]
     return " ".join(o for o in options if o) or None
+
+
+def workers_import_oncemore_here(master: str | None) -> bool:
+    """Whether the Python workers of the session about to start can fork from oncemore's daemon
+    (workerdaemon.py: PySpark from its installed package, not compiled again from Spark home's zip):
+    this process starts its JVM, on a local master (``master``, else Spark's default local[*] where
+    nothing of the user's may name another), its workers run this interpreter, and it finds this
+    package without help (the environment's PYTHONPATH, its site directories, the working
+    directory, as the daemon looks). Otherwise Spark's own daemon, as before."""
+    if not starts_jvm() or os.path.realpath(os.environ.get("PYSPARK_PYTHON", sys.executable)) != os.path.realpath(
+            sys.executable):
+        return False
+    if master is None and (any(os.environ.get(name) for name in MASTER_NAMING_ENV)
+                           or Path(spark_home(), "conf", "spark-defaults.conf").exists()):
+        return False
+    if not (master or "local").startswith("local"):
+        return False
+    searched = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages(),
+                site.getusersitepackages(), os.getcwd()]
+    return os.path.realpath(Path(__file__).parents[2]) in {os.path.realpath(p) for p in searched if p}
 
 
 def starts_jvm() -> bool:
@@ -157,10 +176,17 @@ def starts_jvm() -> bool:
     return SparkContext._active_spark_context is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
 
 
-def jvm_options_are_users(spark_home: str) -> bool:
+def spark_home() -> str:
+    """The Spark home of the JVM this process would start (the pyspark package's, unless set)."""
+    import pyspark
+
+    return os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+
+
+def jvm_options_are_users(home: str) -> bool:
     """Whether the user gives the driver JVM options of their own (USER_JVM_ENV, USER_JVM_FILES)."""
     return (any(os.environ.get(name) for name in USER_JVM_ENV)
-            or any(Path(spark_home, "conf", name).exists() for name in USER_JVM_FILES))
+            or any(Path(home, "conf", name).exists() for name in USER_JVM_FILES))
 
 
 @contextmanager

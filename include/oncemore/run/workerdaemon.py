@@ -36,12 +36,17 @@ the daemon holds those two threads, each forked worker one.
 from __future__ import annotations
 
 import os
+import re
 import sys
-from pathlib import Path
+import zipimport
 
 # Set for the Python workers of a session oncemore starts (run/session.py), never on a Spark Connect
 # server's, which other users' jobs share: see this module's docstring and workermemory.pandas_kept_out.
 OWN_WORKERS_ENV = "ONCEMORE_OWN_WORKERS"
+# The jar Spark puts on its workers' path (PythonUtils.sparkPythonPath: the jar of its own classes), by
+# Spark's version; and how the pyspark package's version.py gives its version.
+_SPARK_CORE = re.compile(r"spark-core_[0-9.]+-(?P<version>.+)\.jar")
+_VERSION = re.compile(r"""^__version__(?:: str)? = ["']([^"']+)["']""", re.M)
 # What a task of each oncemore source imports whatever the pipeline's formats (tasks, records,
 # the json decoder, the file writer), and PySpark's worker, which its daemon would import in every fork.
 PRELOADED = ("pyspark.worker", "numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.fs", "pyarrow.json",
@@ -49,18 +54,39 @@ PRELOADED = ("pyspark.worker", "numpy", "pandas", "pyarrow", "pyarrow.compute", 
 
 
 def installed_pyspark_first() -> None:
-    """Takes off the path what Spark put there from a Spark home that is the pyspark package of a
-    directory on the path (the module docstring): its ``python/lib/pyspark.zip``, so PySpark imports
-    from the package, and its jars, which hold no Python; and forgets their importers, each of which
-    re-reads its archive's directory on every ``importlib.invalidate_caches()``."""
-    installed = {Path(d, "pyspark") for d in sys.path if Path(d, "pyspark", "__init__.py").is_file()}
-    for entry in list(sys.path):
-        path = Path(entry)
-        if ((path.name == "pyspark.zip" and path.parent.parent.parent in installed)
-                or (path.suffix == ".jar" and path.parent.name == "jars" and path.parent.parent in installed)):
-            sys.path.remove(entry)
-            for cached in [k for k in sys.path_importer_cache if k == entry or k.startswith(entry + os.sep)]:
-                del sys.path_importer_cache[cached]
+    """Takes Spark home's ``python/lib/pyspark.zip`` and its ``spark-core`` jar off the path where
+    that home is the pyspark package of a directory on the path, of the jar's version (the module
+    docstring): PySpark then imports from the package, as the driver does. Forgets what Python kept
+    of the two archives: their importers, each of which re-reads its archive's directory on every
+    ``importlib.invalidate_caches()``, and the directories (4 MiB, in every forked worker). Changes
+    nothing it cannot tell is the same code: a path entry that cannot be read counts as absent."""
+    jars = [e for e in sys.path if _SPARK_CORE.fullmatch(os.path.basename(e))]
+    zips = [e for e in sys.path if os.path.basename(e) == "pyspark.zip"]
+    if len(jars) != 1 or len(zips) != 1:
+        return
+    (jar,), (archive,) = jars, zips
+    home = os.path.realpath(os.path.dirname(os.path.dirname(jar)))  # <home>/jars/spark-core_*.jar
+    installed = {os.path.realpath(os.path.join(d, "pyspark")) for d in sys.path
+                 if os.path.isfile(os.path.join(d, "pyspark", "__init__.py"))}
+    if (os.path.realpath(os.path.join(archive, os.pardir, os.pardir, os.pardir)) != home or home not in installed
+            or _package_version(home) != _SPARK_CORE.fullmatch(os.path.basename(jar)).group("version")):
+        return
+    for entry in (archive, jar):
+        sys.path.remove(entry)
+        for cached in [k for k in sys.path_importer_cache if k == entry or k.startswith(entry + os.sep)]:
+            del sys.path_importer_cache[cached]
+        # zipimport's own cache of archive directories (private, hence looked up, not assumed).
+        getattr(zipimport, "_zip_directory_cache", {}).pop(entry, None)
+
+
+def _package_version(home: str) -> str | None:
+    """The installed package's version, read from its ``version.py`` without importing it."""
+    try:
+        with open(os.path.join(home, "version.py"), encoding="utf-8") as source:
+            found = _VERSION.search(source.read())
+    except (OSError, ValueError):
+        return None
+    return found.group(1) if found else None
 
 
 def preload() -> None:
