@@ -7,15 +7,15 @@ from __future__ import annotations
 import os
 import sys
 import zipimport
-from pathlib import Path
 
 import pyspark
 import pytest
 from pyspark import SparkContext
 
+from conftest import ROOT
 from oncemore.run import classarchive, session, workerdaemon
 
-INCLUDE = Path(session.__file__).resolve().parents[2]
+INCLUDE = ROOT / "include"
 
 
 @pytest.mark.spark
@@ -83,14 +83,14 @@ def test_the_python_workers_of_a_local_session_fork_from_oncemores_daemon_and_im
         assert row.libraries == []  # the daemon of a run's own session loads no library before it forks
 
 
-def installed_spark(site, version="4.2.0", jar_version="4.2.0"):
+def installed_spark(site, version="4.2.0"):
     """A pip-installed pyspark in ``site``: the package, its Spark home's zip and jars."""
     (site / "pyspark" / "jars").mkdir(parents=True)
     (site / "pyspark" / "__init__.py").write_text("")
     (site / "pyspark" / "version.py").write_text(f'__version__: str = "{version}"\n')
     lib = site / "pyspark" / "python" / "lib"
     return (str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"),
-            str(site / "pyspark" / "jars" / f"spark-core_2.13-{jar_version}.jar"))
+            str(site / "pyspark" / "jars" / "spark-core_2.13-4.2.0.jar"))
 
 
 def test_the_daemon_takes_off_the_path_only_what_the_installed_pyspark_package_also_holds(monkeypatch, tmp_path):

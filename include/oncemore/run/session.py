@@ -143,8 +143,9 @@ def driver_java_options() -> str | None:
 
     if not starts_jvm():
         return None
-    options = [None if jvm_options_are_users(spark_home()) else DRIVER_JVM_MEMORY,
-               classarchive.java_options(pyspark.__version__, spark_home())]
+    home = spark_home()
+    options = [None if jvm_options_are_users(home) else DRIVER_JVM_MEMORY,
+               classarchive.java_options(pyspark.__version__, home)]
     return " ".join(o for o in options if o) or None
 
 
